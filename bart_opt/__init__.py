@@ -1,0 +1,14 @@
+"""bart_opt: a memory-optimized BART that generates exactly what transformers generates."""
+
+from bart_opt.model import Bart
+
+__all__ = ["Bart", "Summarizer"]
+
+
+def __getattr__(name):
+    # The pipeline pulls in tokenizers and ROUGE; load it only when asked for.
+    if name == "Summarizer":
+        from bart_opt.summarizer import Summarizer
+
+        return Summarizer
+    raise AttributeError(f"module 'bart_opt' has no attribute {name!r}")

@@ -1,0 +1,306 @@
+"""Greedy and beam search with transformers' generation semantics, on bart_opt's memory layout.
+
+The bookkeeping mirrors transformers 5's vectorized beam search step for step (the same
+top-k candidates, the same -1e9 masks, the same length-penalty expressions), so the chosen
+tokens are identical. What changes is the state it runs on: cross-attention keys/values are
+kept once per input, beam reordering touches only the self-attention cache, and an input whose
+result can no longer change leaves the working batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from bart_opt.inputs import check_inputs
+from bart_opt.processors import process_scores
+
+SUPPORTED_OPTIONS = {
+    "num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens", "length_penalty",
+    "no_repeat_ngram_size", "early_stopping", "forced_bos_token_id", "forced_eos_token_id",
+    "decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id",
+    "do_sample", "num_return_sequences", "use_cache",
+}
+# Generation-config fields whose non-default values would change the output: refused, not ignored.
+UNSUPPORTED_VALUES = {
+    "do_sample": False, "num_return_sequences": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+    "bad_words_ids": None, "force_words_ids": None, "constraints": None, "sequence_bias": None,
+    "suppress_tokens": None, "begin_suppress_tokens": None, "exponential_decay_length_penalty": None,
+    "renormalize_logits": False, "remove_invalid_values": False, "guidance_scale": None, "use_cache": True,
+    "max_time": None, "stop_strings": None, "low_memory": None,
+}
+DEFAULTS = {"max_length": 20, "min_length": 0, "num_beams": 1, "length_penalty": 1.0,
+            "no_repeat_ngram_size": 0, "early_stopping": False}
+
+
+@dataclass
+class Settings:
+    """Resolved generation settings; lengths count the decoder start token, as transformers does."""
+
+    num_beams: int
+    max_length: int
+    min_length: int
+    length_penalty: float
+    no_repeat_ngram_size: int
+    early_stopping: bool | str
+    forced_bos_token_id: int | None
+    forced_eos_token_id: list[int] | None
+    decoder_start_token_id: int
+    eos_token_id: list[int] | None
+    pad_token_id: int | None
+
+
+def _as_list(value) -> list[int] | None:
+    if value is None:
+        return None
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def resolve_settings(model, kwargs: dict) -> Settings:
+    """Merge the checkpoint's generation config with `kwargs`; refuse what is not implemented."""
+    unknown = sorted(set(kwargs) - SUPPORTED_OPTIONS)
+    if unknown:
+        raise ValueError(f"unsupported generation option(s) {unknown}; supported: {sorted(SUPPORTED_OPTIONS)}")
+    base = {k: v for k, v in model.generation_config.to_dict().items() if v is not None}
+    merged = {**DEFAULTS, **base, **kwargs}
+    for key, default in UNSUPPORTED_VALUES.items():
+        value = merged.get(key, default)
+        if value is not None and value != default and not (default is None and value in ([], {})):
+            raise ValueError(f"generation option {key}={value!r} is not supported (only {default!r})")
+    cfg = model.config
+    has_default_max = kwargs.get("max_length") is None and model.generation_config.max_length is None
+    max_length = merged.get("max_length") or DEFAULTS["max_length"]
+    if merged.get("max_new_tokens") is not None:
+        max_length = int(merged["max_new_tokens"]) + 1
+    elif has_default_max:
+        max_length = min(max_length + 1, cfg.max_position_embeddings)
+    min_length = int(merged.get("min_length") or 0)
+    if merged.get("min_new_tokens") is not None:
+        min_length = max(min_length, int(merged["min_new_tokens"]) + 1)
+    eos = _as_list(merged.get("eos_token_id", cfg.eos_token_id))
+    pad = merged.get("pad_token_id", cfg.pad_token_id)
+    if pad is None and eos is not None:
+        pad = eos[0]
+    start = merged.get("decoder_start_token_id", cfg.decoder_start_token_id)
+    if start is None:
+        start = merged.get("bos_token_id", cfg.bos_token_id)
+    if start is None:
+        raise ValueError("decoder_start_token_id (or bos_token_id) must be set to generate")
+    settings = Settings(
+        num_beams=int(merged["num_beams"]),
+        max_length=int(max_length),
+        min_length=min_length,
+        length_penalty=float(merged["length_penalty"]),
+        no_repeat_ngram_size=int(merged["no_repeat_ngram_size"] or 0),
+        early_stopping=merged["early_stopping"],
+        forced_bos_token_id=merged.get("forced_bos_token_id"),
+        forced_eos_token_id=_as_list(merged.get("forced_eos_token_id")),
+        decoder_start_token_id=int(start),
+        eos_token_id=eos,
+        pad_token_id=None if pad is None else int(pad),
+    )
+    _check_settings(settings, cfg)
+    return settings
+
+
+def _check_settings(s: Settings, cfg) -> None:
+    if s.num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1; got {s.num_beams}")
+    if s.max_length < 2:
+        raise ValueError(f"max_length must be >= 2 (the decoder start token plus one); got {s.max_length}")
+    if s.max_length - 1 > cfg.max_position_embeddings:
+        raise ValueError(
+            f"max_length {s.max_length} needs {s.max_length - 1} decoder positions; the model has "
+            f"{cfg.max_position_embeddings} (max_position_embeddings)"
+        )
+    if s.early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never'; got {s.early_stopping!r}")
+    if s.no_repeat_ngram_size < 0 or s.min_length < 0:
+        raise ValueError("no_repeat_ngram_size and min_length must be >= 0")
+    if s.num_beams > 1 and s.num_beams * cfg.vocab_size < 2 * s.num_beams:
+        raise ValueError("vocabulary too small for beam search")
+
+
+@torch.inference_mode()
+def generate(model, input_ids, attention_mask=None, **kwargs) -> torch.Tensor:
+    """Token ids (B, L) exactly as transformers' `generate` returns them for the same weights."""
+    settings = resolve_settings(model, kwargs)
+    ids, mask = check_inputs(model, input_ids, attention_mask)
+    memory, enc_mask = model.encode(ids, mask)
+    cross_kv = model.cross_keys_values(memory)
+    del memory  # only the per-layer keys/values are needed from here on
+    if settings.num_beams == 1:
+        return _greedy(model, ids.shape[0], cross_kv, enc_mask, settings)
+    return _beam_search(model, ids.shape[0], cross_kv, enc_mask, settings)
+
+
+def _select_inputs(cross_kv, enc_mask, rows: torch.Tensor):
+    """Keep only the inputs `rows` (A',) of the per-input state, one layer at a time."""
+    for i, (k, v) in enumerate(cross_kv):
+        cross_kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
+    return None if enc_mask is None else enc_mask.index_select(0, rows)
+
+
+def _stop_hits(tokens: torch.Tensor, cur_len: int, s: Settings) -> torch.Tensor:
+    """Whether appending `tokens` at position `cur_len` ends a sequence (max length or EOS)."""
+    hits = torch.full_like(tokens, cur_len + 1 >= s.max_length, dtype=torch.bool)
+    if s.eos_token_id is not None:
+        hits |= torch.isin(tokens, torch.tensor(s.eos_token_id, device=tokens.device))
+    return hits
+
+
+def _greedy(model, batch: int, cross_kv, enc_mask, s: Settings) -> torch.Tensor:
+    device = model.device
+    out = torch.full((batch, s.max_length), s.pad_token_id if s.pad_token_id is not None else -1,
+                     dtype=torch.long, device=device)  # (B, L)
+    out[:, 0] = s.decoder_start_token_id
+    active = torch.arange(batch, device=device)  # (A,) rows of `out` still generating
+    seqs = out[:, :1].clone()  # (A, cur_len) tokens of the active rows
+    cache = model.new_cache(batch, s.max_length - 1)
+    cur_len = 1
+    while True:
+        logits = model.decode_step(seqs[:, -1:], cross_kv, enc_mask, 1, cache)  # (A, V)
+        scores = process_scores(seqs, logits, s)
+        tokens = scores.argmax(dim=-1)  # (A,)
+        out[active, cur_len] = tokens
+        seqs = torch.cat([seqs, tokens[:, None]], dim=1)
+        done = _stop_hits(tokens, cur_len, s)
+        cur_len += 1
+        model.log_mem(f"greedy step {cur_len - 1}")
+        if bool(done.all()):
+            return out[:, :cur_len]
+        if bool(done.any()):
+            keep = (~done).nonzero().flatten()  # (A',)
+            active, seqs = active[keep], seqs[keep]
+            enc_mask = _select_inputs(cross_kv, enc_mask, keep)
+            cache.keep(keep)
+
+
+@dataclass
+class BeamState:
+    """Beam-search state of the A inputs still in the working batch (transformers' layout)."""
+
+    items: torch.Tensor  # (A,) original batch index of each working input
+    running: torch.Tensor  # (A, nb, L) running sequences
+    running_scores: torch.Tensor  # (A, nb) their summed log-probs
+    finished: torch.Tensor  # (A, nb, L) best finished hypotheses
+    finished_scores: torch.Tensor  # (A, nb) their length-penalized scores (-1e9 = empty slot)
+    finished_lengths: torch.Tensor  # (A, nb) generated tokens per finished hypothesis
+    is_finished: torch.Tensor  # (A, nb) slot holds a finished hypothesis
+    improvable: torch.Tensor  # (A, 1) transformers' early-stop heuristic not yet satisfied
+
+    def select(self, rows: torch.Tensor) -> None:
+        for name in ("items", "running", "running_scores", "finished", "finished_scores",
+                     "finished_lengths", "is_finished", "improvable"):
+            setattr(self, name, getattr(self, name)[rows])
+
+
+def _init_beams(batch: int, nb: int, s: Settings, device) -> BeamState:
+    eos = s.eos_token_id
+    fill = (s.pad_token_id or eos[0]) if eos is not None else -1
+    running = torch.full((batch, nb, s.max_length), fill, dtype=torch.long, device=device)
+    running[:, :, 0] = s.decoder_start_token_id
+    running_scores = torch.zeros((batch, nb), dtype=torch.float, device=device)
+    running_scores[:, 1:] = -1e9
+    return BeamState(
+        items=torch.arange(batch, device=device),
+        running=running,
+        running_scores=running_scores,
+        finished=running.clone(),
+        finished_scores=torch.full((batch, nb), -1e9, dtype=torch.float, device=device),
+        finished_lengths=torch.zeros((batch, nb), dtype=torch.long, device=device),
+        is_finished=torch.zeros((batch, nb), dtype=torch.bool, device=device),
+        improvable=torch.ones((batch, 1), dtype=torch.bool, device=device),
+    )
+
+
+def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Settings) -> torch.Tensor:
+    """Advance `st` by one token from processed log-probs (A*nb, V); returns each new running
+    beam's parent beam (A, nb)."""
+    nb = s.num_beams
+    a, vocab = st.running.shape[0], log_probs.shape[-1]
+    n_eos = len(s.eos_token_id) if s.eos_token_id is not None else 0
+    keep_k = max(2, 1 + n_eos) * nb
+    top_mask = torch.arange(keep_k, device=log_probs.device) < nb  # (K,)
+
+    scores = (log_probs.view(a, nb, vocab) + st.running_scores[:, :, None]).view(a, nb * vocab)
+    topk_scores, topk_index = torch.topk(scores, k=keep_k)  # (A, K)
+    parent = topk_index // vocab  # (A, K)
+    tokens = topk_index % vocab  # (A, K)
+    cand = torch.take_along_dim(st.running, parent[:, :, None], dim=1)  # (A, K, L)
+    cand[:, :, cur_len] = tokens
+    hits = _stop_hits(tokens, cur_len, s)  # (A, K)
+
+    # Running beams for the next step: the best nb candidates that did not just end.
+    run_scores = topk_scores + hits.to(torch.float32) * -1.0e9
+    next_idx = torch.topk(run_scores, k=nb)[1]  # (A, nb)
+    st.running = torch.take_along_dim(cand, next_idx[:, :, None], dim=1)
+    st.running_scores = torch.take_along_dim(run_scores, next_idx, dim=1)
+    parents = torch.take_along_dim(parent, next_idx, dim=1)  # (A, nb)
+
+    # Finished hypotheses: merge the candidates that ended among the top nb into the kept ones.
+    just_finished = hits & top_mask[None, :]
+    fin_scores = topk_scores / ((cur_len + 1 - 1) ** s.length_penalty)
+    full = torch.all(st.is_finished, dim=-1, keepdim=True) & (s.early_stopping is True)
+    fin_scores += full.to(torch.float32) * -1.0e9
+    fin_scores += (~st.improvable).to(torch.float32) * -1.0e9
+    fin_scores += (~just_finished) * -1.0e9
+    merged_scores = torch.cat((st.finished_scores, fin_scores), dim=1)  # (A, nb + K)
+    best = torch.topk(merged_scores, k=nb)[1]  # (A, nb)
+    st.finished = torch.take_along_dim(torch.cat((st.finished, cand), dim=1), best[:, :, None], dim=1)
+    st.finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
+    lengths = torch.full_like(tokens, cur_len)  # generated tokens incl. this one: cur_len + 1 - prompt(1)
+    st.finished_lengths = torch.take_along_dim(torch.cat((st.finished_lengths, lengths), dim=1), best, dim=1)
+    st.is_finished = torch.take_along_dim(torch.cat((st.is_finished, just_finished), dim=1), best, dim=1)
+    return parents
+
+
+def _update_improvable(st: BeamState, cur_len: int, s: Settings) -> None:
+    """transformers' early-stop heuristic, evaluated after `cur_len` was advanced."""
+    if s.early_stopping == "never" and s.length_penalty > 0.0:
+        best_len = s.max_length - 1
+    else:
+        best_len = cur_len - 1
+    best_running = st.running_scores[:, :1] / (best_len**s.length_penalty)
+    worst_finished = torch.where(
+        st.is_finished, torch.min(st.finished_scores, dim=1, keepdim=True)[0], -1.0e9
+    )
+    st.improvable = st.improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
+
+
+def _beam_search(model, batch: int, cross_kv, enc_mask, s: Settings) -> torch.Tensor:
+    nb = s.num_beams
+    device = model.device
+    st = _init_beams(batch, nb, s, device)
+    results = st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
+    result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    cache = model.new_cache(batch * nb, s.max_length - 1)
+    cur_len = 1
+    while True:
+        a = st.running.shape[0]
+        tokens = st.running[:, :, cur_len - 1].reshape(a * nb, 1)  # (A*nb, 1)
+        logits = model.decode_step(tokens, cross_kv, enc_mask, nb, cache)  # (A*nb, V)
+        log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], F.log_softmax(logits, dim=-1), s)
+        parents = _beam_step(st, log_probs, cur_len, s)
+        rows = (torch.arange(a, device=device)[:, None] * nb + parents).flatten()  # (A*nb,)
+        cache.reorder(rows)
+        cur_len += 1
+        _update_improvable(st, cur_len, s)
+        model.log_mem(f"beam step {cur_len - 1}")
+        # An input's result is frozen once no candidate may enter its finished set any more.
+        done = ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
+        if cur_len >= s.max_length:
+            done[:] = True
+        if bool(done.any()):
+            results[st.items[done]] = st.finished[done, 0]
+            result_lengths[st.items[done]] = st.finished_lengths[done, 0]
+        if bool(done.all()):
+            return results[:, : 1 + int(result_lengths.max())]
+        if bool(done.any()):
+            keep = (~done).nonzero().flatten()  # (A',)
+            st.select(keep)
+            enc_mask = _select_inputs(cross_kv, enc_mask, keep)
+            cache.keep((keep[:, None] * nb + torch.arange(nb, device=device)).flatten())

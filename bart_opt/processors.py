@@ -1,0 +1,43 @@
+"""Logits processing for BART generation, applied in transformers' order:
+no-repeat n-gram, minimum length, forced BOS, forced EOS."""
+
+from __future__ import annotations
+
+import torch
+
+
+def ban_repeated_ngrams(seqs: torch.Tensor, scores: torch.Tensor, n: int) -> torch.Tensor:
+    """Forbid tokens that would complete an n-gram already present in `seqs` (N, T); scores (N, V)."""
+    cur_len = seqs.shape[1]
+    if cur_len < n:
+        return scores
+    prefix = seqs[:, cur_len + 1 - n :]  # (N, n-1) the n-gram the next token would complete
+    windows = seqs.unfold(1, n, 1)  # (N, W, n) every n-gram so far
+    matches = (windows[..., :-1] == prefix[:, None, :]).all(dim=-1)  # (N, W)
+    vocab = scores.shape[-1]
+    banned = torch.zeros((scores.shape[0], vocab + 1), dtype=torch.bool, device=scores.device)  # spare column
+    target = torch.where(matches, windows[..., -1].clamp(max=vocab), vocab)  # (N, W)
+    banned.scatter_(1, target, True)
+    return scores.masked_fill(banned[:, :vocab], -float("inf"))
+
+
+def force_token(scores: torch.Tensor, token_ids) -> torch.Tensor:
+    """Every token -inf except `token_ids`, which get 0."""
+    out = torch.full_like(scores, -float("inf"))
+    out[:, token_ids] = 0
+    return out
+
+
+def process_scores(seqs: torch.Tensor, scores: torch.Tensor, s) -> torch.Tensor:
+    """Apply the processors `s` (generation Settings) asks for to next-token scores (N, V)."""
+    cur_len = seqs.shape[1]
+    if s.no_repeat_ngram_size > 0:
+        scores = ban_repeated_ngrams(seqs, scores, s.no_repeat_ngram_size)
+    if s.eos_token_id is not None and s.min_length > 0 and cur_len < s.min_length:
+        scores = scores.clone()
+        scores[:, s.eos_token_id] = -float("inf")
+    if s.forced_bos_token_id is not None and cur_len == 1:
+        scores = force_token(scores, s.forced_bos_token_id)
+    if s.forced_eos_token_id is not None and cur_len == s.max_length - 1:
+        scores = force_token(scores, s.forced_eos_token_id)
+    return scores

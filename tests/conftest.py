@@ -1,0 +1,34 @@
+"""Shared fixtures: tiny random checkpoints built locally (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+from bart_opt.demo import build_checkpoint
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory):
+    """Factory: `make_checkpoint(**overrides)` writes (once per distinct overrides) a random BART folder."""
+    cache: dict[tuple, str] = {}
+
+    def _make(**overrides) -> str:
+        key = tuple(sorted(overrides.items()))
+        if key not in cache:
+            path = tmp_path_factory.mktemp("ckpt")
+            cache[key] = str(build_checkpoint(path, **overrides))
+        return cache[key]
+
+    return _make
+
+
+@pytest.fixture(scope="session")
+def demo_checkpoint(make_checkpoint) -> str:
+    """The default demo checkpoint: 2+2 layers, d_model 32, byte-level BPE tokenizer, CNN-like generation config."""
+    return make_checkpoint(init_std=0.2)

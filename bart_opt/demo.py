@@ -89,7 +89,7 @@ def build_checkpoint(
     if with_tokenizer:
         tokenizer = build_tokenizer(out, vocab_size=vocab_size, seed=seed)
         vocab_size = max(vocab_size, len(tokenizer))
-    config = BartConfig(
+    settings = dict(
         vocab_size=vocab_size,
         d_model=d_model,
         encoder_layers=encoder_layers,
@@ -99,8 +99,8 @@ def build_checkpoint(
         encoder_ffn_dim=ffn_dim,
         decoder_ffn_dim=ffn_dim,
         max_position_embeddings=max_position_embeddings,
-        **config_overrides,
     )
+    config = BartConfig(**{**settings, **config_overrides})
     torch.manual_seed(seed)
     model = BartForConditionalGeneration(config).eval()
     with torch.no_grad():

@@ -1,0 +1,132 @@
+"""generate() of bart_opt.Bart is token-for-token equal to transformers' generate()."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bart_opt import Bart
+from bart_opt.cache import KVCache
+from bart_opt.memory import LiveTensorCounter
+from tests.bart_opt.reference import batch, reference_model
+
+# eos_bias makes random weights end their sequences at varied, input-dependent lengths.
+CHECKPOINTS = {
+    "base": dict(init_std=0.2, eos_bias=5.0),
+    "distil_scaled": dict(
+        init_std=0.2, eos_bias=5.0, encoder_layers=3, decoder_layers=1, scale_embedding=True,
+        activation_function="relu", encoder_attention_heads=8, decoder_attention_heads=2,
+    ),
+}
+
+CASES = {
+    "greedy": dict(num_beams=1, min_length=0),
+    "greedy_ngram_min_length": dict(num_beams=1, no_repeat_ngram_size=2, min_length=6),
+    "checkpoint_defaults": dict(),
+    "negative_length_penalty": dict(num_beams=3, length_penalty=-1.0, early_stopping=False, min_length=0),
+    "early_stopping_never": dict(num_beams=4, length_penalty=0.5, early_stopping="never", min_length=2),
+    "never_negative_penalty": dict(num_beams=4, length_penalty=-0.5, early_stopping="never", min_length=0),
+    "early_stopping_true": dict(num_beams=3, length_penalty=1.0, early_stopping=True, no_repeat_ngram_size=2),
+    "early_stopping_false": dict(num_beams=5, length_penalty=2.0, early_stopping=False, min_length=3),
+    "long_min_length": dict(num_beams=4, min_length=14, max_length=20),
+    "max_new_tokens": dict(num_beams=4, max_new_tokens=6),
+    "no_forced_tokens": dict(num_beams=2, forced_bos_token_id=None, forced_eos_token_id=None, min_length=0),
+    "greedy_forced_eos_short": dict(num_beams=1, max_length=9, min_length=0),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
+def checkpoint(request, make_checkpoint):
+    return make_checkpoint(**CHECKPOINTS[request.param])
+
+
+def reference_generate(path, ids, mask, **kwargs):
+    with torch.no_grad():
+        return reference_model(path).generate(input_ids=ids, attention_mask=mask, **kwargs)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_uneven_batch_matches_transformers(checkpoint, case):
+    ids, mask = batch(checkpoint, (1, 5, 2, 3, 1), seed=3)
+    expected = reference_generate(checkpoint, ids, mask, **CASES[case])
+    got = Bart.from_pretrained(checkpoint).generate(ids, mask, **CASES[case])
+    assert torch.equal(got, expected), f"\nours:\n{got}\ntransformers:\n{expected}"
+
+
+@pytest.mark.parametrize("case", ["greedy", "checkpoint_defaults", "negative_length_penalty"])
+def test_batch_of_one_matches_transformers(checkpoint, case):
+    ids, mask = batch(checkpoint, (3,), seed=5)
+    expected = reference_generate(checkpoint, ids, mask, **CASES[case])
+    got = Bart.from_pretrained(checkpoint).generate(ids, mask, **CASES[case])
+    assert torch.equal(got, expected)
+
+
+def test_finished_inputs_leave_the_working_batch(make_checkpoint, monkeypatch):
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    kept_rows = []
+    original_keep = KVCache.keep
+    monkeypatch.setattr(KVCache, "keep", lambda self, rows: (kept_rows.append(len(rows)), original_keep(self, rows)))
+    got = Bart.from_pretrained(path).generate(ids, mask, num_beams=4, min_length=0)
+    assert kept_rows, "no input left the batch early"
+    assert kept_rows == sorted(kept_rows, reverse=True) and kept_rows[-1] < 5 * 4
+    assert torch.equal(got, reference_generate(path, ids, mask, num_beams=4, min_length=0))
+
+
+def test_checkpoint_generation_config_is_the_default(demo_checkpoint):
+    model = Bart.from_pretrained(demo_checkpoint)
+    gc = model.generation_config
+    assert (gc.num_beams, gc.length_penalty, gc.no_repeat_ngram_size, gc.early_stopping) == (4, 2.0, 3, True)
+    ids, mask = batch(demo_checkpoint, (2, 1))
+    explicit = model.generate(ids, mask, num_beams=4, length_penalty=2.0, max_length=40, min_length=8,
+                              no_repeat_ngram_size=3, early_stopping=True)
+    assert torch.equal(model.generate(ids, mask), explicit)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(do_sample=True), "do_sample"),
+        (dict(num_return_sequences=2), "num_return_sequences"),
+        (dict(temperature=0.7), "unsupported generation option"),
+        (dict(early_stopping="sometimes"), "early_stopping"),
+        (dict(num_beams=0), "num_beams"),
+        (dict(max_length=1), "max_length"),
+        (dict(max_length=5000), "max_position_embeddings"),
+    ],
+)
+def test_unsupported_options_raise(demo_checkpoint, kwargs, message):
+    model = Bart.from_pretrained(demo_checkpoint)
+    ids, mask = batch(demo_checkpoint, (2,))
+    with pytest.raises(ValueError, match=message):
+        model.generate(ids, mask, **kwargs)
+
+
+def _decode_state_bytes(model, ids, mask, num_beams):
+    """Largest live-tensor total seen at any decoder step of one generate call."""
+    seen = []
+    original = model.decode_step
+
+    def spy(*args, **kwargs):
+        seen.append(counter.current_bytes)
+        return original(*args, **kwargs)
+
+    model.decode_step = spy
+    with LiveTensorCounter() as counter:
+        model.generate(ids, mask, num_beams=num_beams, max_new_tokens=4, min_length=0)
+    del model.decode_step
+    return max(seen)
+
+
+def test_cross_attention_state_does_not_grow_with_beams(make_checkpoint):
+    path = make_checkpoint(init_std=0.2, d_model=64, decoder_layers=4, encoder_layers=1, ffn_dim=64)
+    model = Bart.from_pretrained(path)
+    ids = torch.randint(4, 500, (2, 400))
+    mask = torch.ones_like(ids)
+    cfg = model.config
+    cross_bytes = cfg.decoder_layers * 2 * ids.numel() * cfg.d_model * 4  # one K and one V per layer, per input
+    one = _decode_state_bytes(model, ids, mask, 1)
+    eight = _decode_state_bytes(model, ids, mask, 8)
+    assert one >= cross_bytes, "the cross-attention state should be part of what is live while decoding"
+    # Per-beam copies would add 7 x cross_bytes; the self-attention cache and logits of 8 beams are far smaller.
+    assert eight - one < 0.25 * cross_bytes, (one, eight, cross_bytes)

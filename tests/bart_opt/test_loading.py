@@ -1,0 +1,87 @@
+"""Checkpoint loading: safetensors and .bin, key quirks, hub ids through the cache, clear errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from bart_opt import Bart
+from bart_opt.loading import CheckpointError, normalize_keys, resolve_checkpoint
+from tests.bart_opt.reference import batch
+
+
+def test_bin_and_safetensors_give_the_same_model(make_checkpoint):
+    st = make_checkpoint(init_std=0.2, seed=7)
+    pt = make_checkpoint(init_std=0.2, seed=7, safe_serialization=False)
+    ids, mask = batch(st, (2, 3))
+    torch.testing.assert_close(Bart.from_pretrained(pt)(ids, mask), Bart.from_pretrained(st)(ids, mask))
+
+
+def test_tied_and_prefixed_keys_are_normalized():
+    t = torch.zeros(1)
+    keys = normalize_keys({"model.shared.weight": t, "lm_head.weight": t, "model.encoder.embed_tokens.weight": t,
+                           "model.decoder.embed_tokens.weight": t, "final_logits_bias": t})
+    assert sorted(keys) == ["final_logits_bias", "shared.weight"]
+
+
+def test_missing_final_logits_bias_means_zeros(demo_checkpoint, tmp_path):
+    dst = tmp_path / "nobias"
+    shutil.copytree(demo_checkpoint, dst)
+    state = load_file(str(dst / "model.safetensors"))
+    del state["final_logits_bias"]
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    assert Bart.from_pretrained(str(dst)).final_logits_bias.abs().sum() == 0
+
+
+def test_weights_that_do_not_fit_the_config_are_refused(demo_checkpoint, tmp_path):
+    dst = tmp_path / "deeper"
+    shutil.copytree(demo_checkpoint, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["decoder_layers"] = 3
+    (dst / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="missing .*decoder.layers.2"):
+        Bart.from_pretrained(str(dst))
+
+
+def test_folder_without_weights_is_refused(demo_checkpoint, tmp_path):
+    dst = tmp_path / "noweights"
+    shutil.copytree(demo_checkpoint, dst)
+    (dst / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no weights"):
+        Bart.from_pretrained(str(dst))
+
+
+def test_hub_id_resolves_through_the_hub_cache(demo_checkpoint, tmp_path, monkeypatch):
+    """A hub id is looked up in huggingface_hub's cache; offline and uncached it is a clear error."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(CheckpointError, match="could not find 'nobody/no-such-bart'"):
+        resolve_checkpoint("nobody/no-such-bart")
+    calls = []
+
+    def fake_snapshot_download(repo_id, allow_patterns):
+        calls.append((repo_id, tuple(allow_patterns)))
+        return demo_checkpoint
+
+    monkeypatch.setattr("huggingface_hub.snapshot_download", fake_snapshot_download)
+    model = Bart.from_pretrained("facebook/bart-large-cnn")
+    assert calls and calls[0][0] == "facebook/bart-large-cnn" and "*.safetensors" in calls[0][1]
+    assert model.config.d_model == 32
+
+
+def test_device_and_dtype_names(demo_checkpoint):
+    model = Bart.from_pretrained(demo_checkpoint, device="cpu", dtype="bf16")
+    assert model.dtype == torch.bfloat16 and model.device.type == "cpu"
+    with pytest.raises(ValueError, match="dtype 'int8' is not supported"):
+        Bart.from_pretrained(demo_checkpoint, dtype="int8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_generate_matches_cpu(demo_checkpoint):
+    ids, mask = batch(demo_checkpoint, (2, 4))
+    cpu = Bart.from_pretrained(demo_checkpoint).generate(ids, mask)
+    gpu = Bart.from_pretrained(demo_checkpoint, device="cuda").generate(ids.cuda(), mask.cuda())
+    assert torch.equal(gpu.cpu(), cpu)

@@ -1,0 +1,132 @@
+"""Teacher-forced logits of bart_opt.Bart against transformers' BartForConditionalGeneration."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bart_opt import Bart
+from bart_opt.config import UnsupportedConfigError
+from tests.bart_opt.reference import batch, reference_model
+
+VARIANTS = {
+    "default": dict(init_std=0.2),
+    "deep_encoder_scaled_relu": dict(
+        init_std=0.2, encoder_layers=3, decoder_layers=1, scale_embedding=True, activation_function="relu",
+        encoder_attention_heads=8, decoder_attention_heads=2,
+    ),
+    "gelu_new_uneven_ffn": dict(init_std=0.2, activation_function="gelu_new", encoder_ffn_dim=48, decoder_ffn_dim=80),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request, make_checkpoint):
+    return make_checkpoint(**VARIANTS[request.param])
+
+
+def test_logits_match_transformers_on_uneven_batch(variant):
+    ids, mask = batch(variant, (1, 4, 2))
+    assert (mask == 0).any(), "the batch must contain padding"
+    with torch.no_grad():
+        expected = reference_model(variant)(input_ids=ids, attention_mask=mask).logits
+    got = Bart.from_pretrained(variant)(ids, mask)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_logits_with_explicit_decoder_input_and_no_mask(variant):
+    ids, _ = batch(variant, (3,))
+    dec = ids[:, :7].flip(1)
+    with torch.no_grad():
+        expected = reference_model(variant)(input_ids=ids, decoder_input_ids=dec).logits
+    got = Bart.from_pretrained(variant)(ids, decoder_input_ids=dec)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_final_logits_bias_is_applied(demo_checkpoint):
+    model = Bart.from_pretrained(demo_checkpoint)
+    assert model.final_logits_bias.abs().sum() > 0
+    ids, mask = batch(demo_checkpoint, (2,))
+    with_bias = model(ids, mask)
+    model.final_logits_bias.zero_()
+    torch.testing.assert_close(model(ids, mask), with_bias - Bart.from_pretrained(demo_checkpoint).final_logits_bias[0])
+
+
+def test_long_feed_forward_is_chunked_without_changing_results(demo_checkpoint, monkeypatch):
+    import bart_opt.model as model_module
+
+    ids, mask = batch(demo_checkpoint, (6, 6, 6))
+    model = Bart.from_pretrained(demo_checkpoint)
+    whole = model(ids, mask)
+    monkeypatch.setattr(model_module, "FFN_CHUNK_TOKENS", 7)
+    torch.testing.assert_close(model(ids, mask), whole, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_loads_and_tracks_fp32(demo_checkpoint, dtype):
+    ids, mask = batch(demo_checkpoint, (2, 3))
+    half = Bart.from_pretrained(demo_checkpoint, dtype=dtype)
+    assert half.dtype == dtype and all(p.dtype == dtype for p in half.parameters())
+    full = Bart.from_pretrained(demo_checkpoint)(ids, mask)
+    got = half(ids, mask)
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    assert (got.float() - full).abs().max() < 0.15
+
+
+def test_attention_mask_of_wrong_shape_is_refused(demo_checkpoint):
+    model = Bart.from_pretrained(demo_checkpoint)
+    ids, mask = batch(demo_checkpoint, (2, 3))
+    with pytest.raises(ValueError, match="attention_mask has shape"):
+        model(ids, mask[:, :-1])
+
+
+def test_input_longer_than_positions_is_refused(make_checkpoint):
+    path = make_checkpoint(init_std=0.2, max_position_embeddings=16)
+    model = Bart.from_pretrained(path)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model(torch.full((1, 17), 5))
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        model.generate(torch.full((1, 17), 5))
+
+
+@pytest.mark.parametrize(
+    "ids, message",
+    [
+        (torch.zeros((0, 5), dtype=torch.long), "empty"),
+        (torch.zeros((2, 0), dtype=torch.long), "empty"),
+        (torch.tensor([5, 6, 7]), "2-D"),
+        (torch.tensor([[5, 100000]]), "outside the vocabulary"),
+        (torch.tensor([[0.5, 1.0]]), "integer"),
+    ],
+)
+def test_bad_input_ids_are_refused(demo_checkpoint, ids, message):
+    model = Bart.from_pretrained(demo_checkpoint)
+    with pytest.raises(ValueError, match=message):
+        model(ids)
+
+
+def test_row_without_tokens_is_refused(demo_checkpoint):
+    model = Bart.from_pretrained(demo_checkpoint)
+    ids, mask = batch(demo_checkpoint, (2, 3))
+    mask[1] = 0
+    with pytest.raises(ValueError, match=r"rows \[1\] have no tokens"):
+        model.generate(ids, mask)
+
+
+def test_unsupported_config_is_refused(make_checkpoint, tmp_path):
+    import json
+    import shutil
+
+    src = make_checkpoint(init_std=0.2)
+    for key, value, message in [
+        ("activation_function", "softplus", "activation_function"),
+        ("normalize_before", True, "normalize_before"),
+        ("tie_word_embeddings", False, "tie_word_embeddings"),
+    ]:
+        dst = tmp_path / key
+        shutil.copytree(src, dst)
+        cfg = json.loads((dst / "config.json").read_text())
+        cfg[key] = value
+        (dst / "config.json").write_text(json.dumps(cfg))
+        with pytest.raises(UnsupportedConfigError, match=message):
+            Bart.from_pretrained(str(dst))

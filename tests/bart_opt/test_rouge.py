@@ -1,0 +1,207 @@
+"""ROUGE: parity with direct rouge-score calls, rougeLsum splitting, stemming, seeded bootstrap."""
+
+from __future__ import annotations
+
+import nltk
+import numpy as np
+import pytest
+from rouge_score import rouge_scorer, scoring
+
+from bart_opt.rouge import RougeScorer, UnicodeWordTokenizer, split_sentences
+
+PAIRS = [
+    (  # prose prediction against a CNN/DM-style newline reference
+        "The president met Mr. Smith in Washington on Monday. They discussed the budget. "
+        "Talks will continue next week.",
+        "President meets Smith in Washington .\nThe two discussed budgets and taxes .\n"
+        "More talks are planned for next week .",
+    ),
+    (
+        "Scientists found water on the moon! The discovery surprised many researchers.",
+        "Water was discovered on the moon by scientists.\nResearchers were surprised.",
+    ),
+    ("completely unrelated words here", "nothing in common at all"),
+    ("", "an empty prediction scores zero"),
+]
+
+
+def direct_scores(prediction: str, reference: str, use_stemmer: bool = True) -> dict:
+    """rouge-score called directly: rouge1/2/L on the texts, rougeLsum on split sentences, x100."""
+    token_scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=use_stemmer)
+    lsum_scorer = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=use_stemmer)
+    raw = token_scorer.score(reference, prediction)
+    split_reference, split_prediction = ("\n".join(split_sentences(t)) for t in (reference, prediction))
+    raw.update(lsum_scorer.score(split_reference, split_prediction))
+    return {t: {m: 100 * getattr(s, m) for m in ("precision", "recall", "fmeasure")} for t, s in raw.items()}
+
+
+@pytest.mark.parametrize("use_stemmer", [True, False])
+@pytest.mark.parametrize(("prediction", "reference"), PAIRS)
+def test_scores_equal_direct_rouge_score_calls(prediction, reference, use_stemmer):
+    ours = RougeScorer(use_stemmer=use_stemmer).score(prediction, reference)
+    assert ours == direct_scores(prediction, reference, use_stemmer)
+    assert set(ours) == {"rouge1", "rouge2", "rougeL", "rougeLsum"}
+
+
+def test_token_scores_match_the_reference_scripts_newline_convention():
+    # The transformers CNN/DM scripts score every type on sentence-per-line texts; rouge1/2/L
+    # must not depend on that choice.
+    prediction, reference = PAIRS[0]
+    joined = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True).score(
+        "\n".join(split_sentences(reference)), "\n".join(split_sentences(prediction))
+    )
+    ours = RougeScorer().score(prediction, reference)
+    for rouge_type, score in joined.items():
+        assert ours[rouge_type]["fmeasure"] == pytest.approx(100 * score.fmeasure)
+
+
+def test_rougelsum_differs_from_rougel_on_multi_sentence_text():
+    reference = "the cat sat on the mat.\nthe dog ran in the park."
+    prediction = "The dog ran in the park. The cat sat on the mat."
+    scores = RougeScorer().score(prediction, reference)
+    assert scores["rougeLsum"]["fmeasure"] == pytest.approx(100.0)
+    assert scores["rougeL"]["fmeasure"] < 60.0
+    # The trap this module avoids: unsplit prose makes rougeLsum collapse to rougeL.
+    unsplit_scorer = rouge_scorer.RougeScorer(["rougeL", "rougeLsum"])
+    unsplit = unsplit_scorer.score(reference.replace("\n", " "), prediction)
+    assert unsplit["rougeLsum"].fmeasure == pytest.approx(unsplit["rougeL"].fmeasure)
+
+
+def test_stemming_switch_changes_scores():
+    prediction, reference = "cats running", "cat runs"
+    stemmed = RougeScorer(use_stemmer=True).score(prediction, reference)
+    unstemmed = RougeScorer(use_stemmer=False).score(prediction, reference)
+    assert stemmed["rouge1"]["fmeasure"] == pytest.approx(100.0)
+    assert unstemmed["rouge1"]["fmeasure"] == 0.0
+
+
+def test_non_latin_text_needs_a_tokenizer():
+    prediction, reference = "кошка сидит на ковре", "кошка сидит"
+    assert RougeScorer().score(prediction, reference)["rouge1"]["fmeasure"] == 0.0
+    scores = RougeScorer(tokenizer=UnicodeWordTokenizer()).score(prediction, reference)
+    assert scores["rouge1"]["precision"] == pytest.approx(50.0)
+    assert scores["rouge1"]["recall"] == pytest.approx(100.0)
+
+
+def test_selected_rouge_types_only():
+    scores = RougeScorer(rouge_types=("rouge2", "rougeLsum")).score("a b c", "a b d")
+    assert set(scores) == {"rouge2", "rougeLsum"}
+    assert scores["rouge2"]["precision"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"rouge_types": ("rouge1", "rougeX")}, "rougeX"),
+        ({"rouge_types": ()}, "empty"),
+        ({"rouge_types": ("rouge1", "rouge1")}, "duplicates"),
+        ({"bootstrap_samples": 0}, "bootstrap_samples"),
+    ],
+)
+def test_bad_settings_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        RougeScorer(**kwargs)
+
+
+def test_score_rejects_non_strings():
+    with pytest.raises(TypeError, match="reference"):
+        RougeScorer().score("a summary", None)
+
+
+def _items(n: int, seed: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    words = "the a cat dog sat ran home over market price rose fell sharply city council vote".split()
+    scorer = RougeScorer()
+    return [
+        scorer.score(" ".join(rng.choice(words, 20)), " ".join(rng.choice(words, 25))) for _ in range(n)
+    ]
+
+
+def test_bootstrap_is_reproducible_and_ordered():
+    items = _items(60, seed=1)
+    first = RougeScorer(seed=0).aggregate(items)
+    assert RougeScorer(seed=0).aggregate(items) == first
+    scorer = RougeScorer(seed=0)
+    assert scorer.aggregate(items) == scorer.aggregate(items) == first
+    for rouge_type, interval in first.items():
+        for measure in ("precision", "recall", "fmeasure"):
+            low, mid, high = (interval[k][measure] for k in ("low", "mid", "high"))
+            assert 0.0 <= low <= mid <= high <= 100.0
+            assert low < high
+            mean = np.mean([item[rouge_type][measure] for item in items])
+            assert low <= mean <= high
+
+
+def test_bootstrap_depends_on_the_seed():
+    items = _items(60, seed=1)
+    a, b = RougeScorer(seed=0).aggregate(items), RougeScorer(seed=1).aggregate(items)
+    assert a != b
+    assert a["rouge1"]["mid"]["fmeasure"] == pytest.approx(b["rouge1"]["mid"]["fmeasure"], abs=2.0)
+
+
+def test_bootstrap_agrees_with_rouge_score_aggregator():
+    items = _items(200, seed=2)
+    ours = RougeScorer(bootstrap_samples=1000, seed=0).aggregate(items)
+    aggregator = scoring.BootstrapAggregator(confidence_interval=0.95, n_samples=1000)
+    for item in items:
+        aggregator.add_scores({t: scoring.Score(**s) for t, s in item.items()})
+    np.random.seed(0)
+    theirs = aggregator.aggregate()
+    for rouge_type, interval in ours.items():
+        width = interval["high"]["fmeasure"] - interval["low"]["fmeasure"]
+        for key in ("low", "mid", "high"):
+            expected = getattr(theirs[rouge_type], key).fmeasure
+            assert interval[key]["fmeasure"] == pytest.approx(expected, abs=0.2 * width)
+
+
+def test_bootstrap_of_identical_items_is_a_point():
+    item = RougeScorer().score("the cat sat", "the cat sat down")
+    result = RougeScorer().aggregate([item] * 5)
+    for key in ("low", "mid", "high"):
+        assert result["rouge1"][key] == pytest.approx(item["rouge1"])
+
+
+def test_aggregate_errors():
+    scorer = RougeScorer()
+    with pytest.raises(ValueError, match="zero items"):
+        scorer.aggregate([])
+    item = scorer.score("a b", "a b")
+    del item["rougeLsum"]
+    with pytest.raises(ValueError, match="rougeLsum"):
+        scorer.aggregate([scorer.score("a", "a"), item])
+
+
+def test_split_sentences_on_newline_text():
+    highlights = (
+        "Harry Potter star turns 18 Monday .\n"
+        "He says he has no plans to fritter his cash away\n\n  \n"
+        "Last line ."
+    )
+    assert split_sentences(highlights) == [
+        "Harry Potter star turns 18 Monday .",
+        "He says he has no plans to fritter his cash away",
+        "Last line .",
+    ]
+
+
+def test_split_sentences_on_prose():
+    prose = "Mr. Smith went to Washington. He met Dr. Jones on Monday! Did the U.S. team win? Yes."
+    assert split_sentences(prose) == [
+        "Mr. Smith went to Washington.",
+        "He met Dr. Jones on Monday!",
+        "Did the U.S. team win?",
+        "Yes.",
+    ]
+    assert split_sentences("") == []
+    assert split_sentences("no final punctuation") == ["no final punctuation"]
+
+
+def test_nothing_is_loaded_or_downloaded(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("nltk data was requested")
+
+    monkeypatch.setattr(nltk, "download", refuse)
+    monkeypatch.setattr(nltk.data, "load", refuse)
+    monkeypatch.setattr(nltk.data, "find", refuse)
+    assert len(split_sentences("One. Two. Three.")) == 3
+    assert RougeScorer().score(*PAIRS[0])["rougeLsum"]["fmeasure"] > 0

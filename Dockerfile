@@ -1,0 +1,35 @@
+# bart-opt HTTP service on a CUDA PyTorch runtime.
+#   docker build -t bart-opt .
+#   docker run --gpus all -p 8000:8000 -v bart-opt-hf:/cache/huggingface bart-opt
+# Settings are BART_OPT_* environment variables (docker run -e BART_OPT_API_KEY=...).
+FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    TOKENIZERS_PARALLELISM=false \
+    HF_HOME=/cache/huggingface
+
+WORKDIR /opt/bart-opt
+COPY pyproject.toml README.md ./
+COPY bart_opt ./bart_opt
+COPY app ./app
+# torch comes with the base image (it satisfies pyproject's torch requirement); pip adds the rest.
+RUN pip install . \
+ && useradd --create-home --uid 10001 bartopt \
+ && mkdir -p /cache/huggingface \
+ && chown bartopt /cache/huggingface
+
+USER bartopt
+# Model downloads (facebook/bart-large-cnn on first start) land here; keep it on a volume.
+VOLUME ["/cache/huggingface"]
+EXPOSE 8000
+
+# /health answers while the model loads; the start period covers a first download.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/health', timeout=4)"
+
+# SIGTERM (docker stop) drains the requests in flight and exits 0; give it time: docker stop -t 60.
+STOPSIGNAL SIGTERM
+CMD ["bart-opt", "serve", "--host", "0.0.0.0", "--port", "8000"]

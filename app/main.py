@@ -1,0 +1,63 @@
+"""The FastAPI application: ``create_app(settings)``, and ``app`` for ``uvicorn app.main:app``.
+
+Nothing heavy happens at import: ``app`` is built from the environment's settings, and the
+model loads on the device worker's thread when the app's lifespan starts. Shared objects
+live on ``app.state``: ``settings``, ``metrics`` (:class:`app.metrics.Metrics`, extra series
+through ``metrics.gauge``) and ``service`` (:class:`app.service.SummarizeService`; its
+``worker`` also takes ``Kind.JOB`` work items, its ``summarizer`` is the loaded model).
+Every router but health's is included with the API-key dependency.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import Depends, FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from app.errors import install_error_handlers
+from app.metrics import Metrics
+from app.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from app.routes import health, metrics, summarize
+from app.security import require_api_key
+from app.service import SummarizerLoader, SummarizeService, load_summarizer
+from app.settings import Settings
+
+
+def create_app(settings: Settings | None = None, *, load: SummarizerLoader = load_summarizer) -> FastAPI:
+    """Build the service. `settings` default to the environment (``BART_OPT_*``); `load` builds the
+    Summarizer from the settings on the device thread (tests wrap it to hold the model back)."""
+    settings = settings or Settings()
+    registry = Metrics(recent_logs=settings.recent_logs)
+    service = SummarizeService(settings, registry, load)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.start()
+        try:
+            yield
+        finally:
+            # Uvicorn has already waited for the requests in flight; drain whatever is left.
+            await run_in_threadpool(service.stop)
+
+    app = FastAPI(
+        title="bart-opt",
+        summary="Summarization with a memory-optimized BART; per-request memory and timing reports.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = registry
+    app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=registry)
+    protected = [Depends(require_api_key)]
+    app.include_router(health.router)
+    app.include_router(summarize.router, dependencies=protected)
+    app.include_router(metrics.router, dependencies=protected)
+    return app
+
+
+app = create_app()

@@ -1,0 +1,29 @@
+"""``GET /metrics``: Prometheus text, or memory stats and recent request logs as JSON."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from app.settings import Settings, get_settings
+from app.worker import Kind
+
+router = APIRouter(tags=["metrics"])
+
+
+@router.get("/metrics", response_model=None)
+async def metrics(
+    request: Request, format: Literal["prometheus", "json"] = "prometheus", settings: Settings = Depends(get_settings)
+) -> Response | dict:
+    """Prometheus exposition by default; ``?format=json`` for memory stats, queues and the last requests."""
+    service = request.app.state.service
+    registry = request.app.state.metrics
+    if format == "prometheus":
+        return Response(registry.exposition(), media_type=CONTENT_TYPE_LATEST)
+    device = str(service.summarizer.device) if service.summarizer is not None else None
+    waiting = {kind.value: service.worker.queue_length(kind) if service.worker else 0 for kind in Kind}
+    queue = {"waiting": waiting, "capacity": settings.queue_size, "state": service.state.value}
+    return {**registry.snapshot(device), "queue": queue}

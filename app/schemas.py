@@ -1,0 +1,149 @@
+"""Request and response bodies of the HTTP API (pydantic models, shown in /docs)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+RougeScores = dict[str, dict[str, float]]
+"""Per-item ROUGE: ``{"rouge1": {"precision", "recall", "fmeasure"}, ...}`` on a 0-100 scale."""
+
+RougeAggregate = dict[str, dict[str, dict[str, float]]]
+"""Bootstrap aggregate: ``{"rouge1": {"low": {...}, "mid": {...}, "high": {...}}, ...}``."""
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("text is empty")
+    return text
+
+
+class GenerationOptions(BaseModel):
+    """Per-request overrides of the checkpoint's generation defaults; unknown options are refused.
+
+    Types and the service's caps are checked here; the pipeline checks the rest
+    (``min_length <= max_length``, finite ``length_penalty``) and its message comes back as a 422.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    num_beams: int | None = Field(None, ge=1, le=16)
+    min_length: int | None = Field(None, ge=0, le=1024)
+    max_length: int | None = Field(None, ge=1, le=1024)
+    max_new_tokens: int | None = Field(None, ge=1, le=1024)
+    length_penalty: float | None = None
+    no_repeat_ngram_size: int | None = Field(None, ge=0)
+    early_stopping: bool | Literal["never"] | None = None
+
+    @model_validator(mode="after")
+    def _known_and_consistent(self) -> GenerationOptions:
+        unknown = sorted(self.model_extra or {})
+        if unknown:
+            supported = ", ".join(sorted(type(self).model_fields))
+            raise ValueError(f"unknown generation option {', '.join(map(repr, unknown))}; supported: {supported}")
+        return self
+
+    def overrides(self) -> dict:
+        """The options the client set, as keyword arguments for generation."""
+        return self.model_dump(exclude_none=True)
+
+
+class SummarizeRequest(BaseModel):
+    """``POST /summarize`` body."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[Annotated[str, AfterValidator(_not_blank)]] = Field(
+        description="Articles to summarize (at least one; at most MAX_TEXTS)."
+    )
+    references: list[str] | None = Field(
+        None, description="Reference summaries, one per text; ROUGE is scored when given."
+    )
+    generation: GenerationOptions | None = Field(None, description="Overrides of the generation defaults.")
+
+    @field_validator("texts")
+    @classmethod
+    def _some_texts(cls, texts: list[str]) -> list[str]:
+        if not texts:
+            raise ValueError("must contain at least one text")
+        return texts
+
+    @field_validator("references")
+    @classmethod
+    def _one_reference_per_text(cls, references: list[str] | None, info: ValidationInfo) -> list[str] | None:
+        texts = info.data.get("texts")
+        if references is not None and texts is not None and len(references) != len(texts):
+            raise ValueError(f"got {len(references)} references for {len(texts)} texts; give one per text")
+        return references
+
+
+class ItemReport(BaseModel):
+    """What happened to one text."""
+
+    input_tokens: int
+    truncated: bool
+    output_tokens: int
+    rouge: RougeScores | None = None
+    error: str | None = Field(None, description="Why this text has no summary (out of memory even alone).")
+
+
+class PhaseReport(BaseModel):
+    """One phase of the model call (encode, decode, ...), this request's share."""
+
+    name: str
+    count: int = 1
+    seconds: float
+    peak_bytes: int
+
+
+class BatchInfo(BaseModel):
+    """The shared model call this request rode in (whole-call numbers, not shares)."""
+
+    requests: int
+    texts: int
+    peak_bytes: int
+    seconds: float
+
+
+class MemoryReport(BaseModel):
+    """Per-request memory report: this request's share of the model call it was batched into.
+
+    ``peak_bytes``, ``change_bytes``, ``seconds`` and the phases are the call's numbers times
+    ``share`` (this request's part of the call's input tokens); ``batch`` holds
+    the call's own numbers. ``rss_bytes`` is the process RSS after the call.
+    """
+
+    device: str
+    peak_bytes: int
+    change_bytes: int
+    rss_bytes: int
+    seconds: float
+    phases: list[PhaseReport]
+    peak_source: str
+    share: float
+    batch: BatchInfo
+
+
+class Timing(BaseModel):
+    """Seconds. ``queue``, ``score`` and ``total`` (wall time in the service) are this request's own;
+    ``tokenize``, ``generate`` and ``decode`` are its share of the model call."""
+
+    queue: float
+    tokenize: float
+    generate: float
+    decode: float
+    score: float
+    total: float
+
+
+class SummarizeResponse(BaseModel):
+    """``POST /summarize`` answer."""
+
+    summaries: list[str]
+    rouge: RougeAggregate | None
+    items: list[ItemReport]
+    memory: MemoryReport
+    timing: Timing
+    model: str
+    request_id: str

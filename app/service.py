@@ -1,0 +1,217 @@
+"""The summarize service: validation, queueing, waiting (or dropping on disconnect), the response.
+
+Routes stay thin: they parse the body and call :meth:`SummarizeService.summarize`, which
+returns the response dict or raises :class:`app.errors.ApiError`. The service owns the
+:class:`app.worker.Worker`; the model is loaded on the worker's thread when the service
+starts (the app's lifespan), so the process answers ``/health`` while it loads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable
+
+import torch
+from starlette.concurrency import run_in_threadpool
+
+from app.errors import ApiError
+from app.metrics import Metrics
+from app.runner import ItemResult, SummarizerRunner, resident_bytes
+from app.schemas import SummarizeRequest
+from app.settings import Settings
+from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
+from bart_opt.summarizer import Summarizer
+
+SummarizerLoader = Callable[[Settings], Summarizer]
+
+logger = logging.getLogger("app.service")
+
+_NOT_READY_RETRY_AFTER = "5"
+
+
+def load_summarizer(settings: Settings, **summarizer_options) -> Summarizer:
+    """Load the Summarizer the settings describe ('auto' device and dtype left to the pipeline).
+
+    `summarizer_options` go to the Summarizer's constructor (e.g. its ``before_model_call`` hook).
+    """
+    return Summarizer.from_pretrained(
+        settings.model,
+        device=None if settings.device == "auto" else settings.device,
+        dtype=None if settings.dtype == "auto" else getattr(torch, settings.dtype),
+        max_batch_tokens=settings.max_batch_tokens,
+        max_batch_size=settings.max_batch_size,
+        **summarizer_options,
+    )
+
+
+class ClientDisconnected(ApiError):
+    """The client went away while its request waited; the answer has nowhere to go."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "client_closed_request", "the client disconnected; its queued work was dropped")
+
+
+class SummarizeService:
+    """Owns the worker and turns ``POST /summarize`` bodies into responses."""
+
+    poll_seconds = 0.05  # how often a waiting request checks that its client is still there
+
+    def __init__(self, settings: Settings, metrics: Metrics, load: SummarizerLoader = load_summarizer) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._load_summarizer = load
+        self.summarizer: Summarizer | None = None
+        self.worker: Worker | None = None
+        self._counter: Summarizer | None = None
+        self._counter_lock = threading.Lock()
+        for kind in Kind:
+            metrics.track_queue(kind.value, lambda kind=kind: self.worker.queue_length(kind) if self.worker else 0)
+
+    # ---- life cycle (called from the app's lifespan) ---------------------------------------
+
+    def start(self) -> None:
+        """Start a worker; it loads the model on its own thread."""
+        s = self.settings
+        self.worker = Worker(
+            self._load,
+            queue_size=s.queue_size,
+            max_batch_tokens=s.max_batch_tokens,
+            max_batch_size=s.max_batch_size,
+            micro_batch=s.micro_batch,
+        )
+        self.worker.start()
+
+    def stop(self) -> None:
+        """Finish what is queued and stop the worker (blocks; run it off the event loop)."""
+        if self.worker is not None:
+            self.worker.stop(timeout=self.settings.shutdown_timeout)
+
+    def _load(self) -> SummarizerRunner:
+        if self.settings.torch_threads is not None:
+            torch.set_num_threads(self.settings.torch_threads)
+        started = time.perf_counter()
+        summarizer = self._load_summarizer(self.settings)
+        logger.info("loaded %s on %s in %.1f s", summarizer.name, summarizer.device, time.perf_counter() - started)
+        # Token counting for the batcher runs on request threads; a private tokenizer copy keeps
+        # it from touching the tokenizer the device thread is using.
+        counter = copy.copy(summarizer)
+        counter.tokenizer = copy.deepcopy(summarizer.tokenizer)
+        self._counter = counter
+        self.summarizer = summarizer
+        self.metrics.track_device(lambda: resident_bytes(summarizer))
+        return SummarizerRunner(summarizer, self.metrics)
+
+    @property
+    def state(self) -> State:
+        return self.worker.state if self.worker is not None else State.LOADING
+
+    def check_ready(self) -> None:
+        """Raise the 503 that fits the worker's state unless it takes work."""
+        if self.state is not State.READY:
+            raise self._unavailable(self.state)
+
+    def _unavailable(self, state: State) -> ApiError:
+        if state is State.LOADING:
+            code, message = "not_ready", "the model is still loading"
+        elif state is State.FAILED:
+            code, message = "model_load_failed", f"the model failed to load: {self.worker.load_error}"
+        else:
+            code, message = "shutting_down", "the server is shutting down"
+        return ApiError(503, code, message, headers={"Retry-After": _NOT_READY_RETRY_AFTER})
+
+    # ---- POST /summarize -------------------------------------------------------------------
+
+    async def summarize(
+        self,
+        body: SummarizeRequest,
+        request_id: str,
+        is_disconnected: Callable[[], Awaitable[bool]],
+        *,
+        max_texts: int,
+    ) -> dict:
+        """Validate, queue, wait for the device and build the response dict.
+
+        `is_disconnected` is polled while the request waits; `max_texts` is the per-request
+        limit of the settings in effect (the route takes it from the settings dependency).
+        """
+        started = time.perf_counter()
+        self.check_ready()
+        if len(body.texts) > max_texts:
+            message = f"texts: {len(body.texts)} texts is more than MAX_TEXTS ({max_texts})"
+            raise ApiError(422, "invalid_request", message, field="texts")
+        overrides = body.generation.overrides() if body.generation is not None else {}
+        try:
+            generation = self.summarizer.generation_settings(overrides)
+        except ValueError as error:
+            raise ApiError(422, "invalid_request", f"generation: {error}", field="generation") from error
+        longest = await run_in_threadpool(self._longest, body.texts)
+        item = WorkItem(texts=body.texts, generation=generation, longest=longest, references=body.references)
+        self._submit(item)
+        done = await self._wait(item, is_disconnected)
+        return self._respond(done, item, started, request_id)
+
+    def _longest(self, texts: list[str]) -> int:
+        with self._counter_lock:
+            return max(len(encoded.ids) for encoded in self._counter.encode(texts))
+
+    def _submit(self, item: WorkItem) -> None:
+        try:
+            self.worker.submit(item)
+        except QueueFull as error:
+            self.metrics.rejected.labels(reason="queue_full").inc()
+            raise ApiError(
+                429, "queue_full", f"{error}; retry after {error.retry_after} s",
+                headers={"Retry-After": str(error.retry_after)},
+            ) from error  # fmt: skip
+        except NotAccepting as error:
+            raise self._unavailable(error.state) from error
+
+    async def _wait(self, item: WorkItem, is_disconnected: Callable[[], Awaitable[bool]]) -> ItemResult:
+        """Await the item's result, dropping it from the queue if the client goes away."""
+        future = asyncio.wrap_future(item.future)
+        try:
+            while True:
+                done, _ = await asyncio.wait({future}, timeout=self.poll_seconds)
+                if done:
+                    return future.result()
+                if await is_disconnected():
+                    raise ClientDisconnected()
+        finally:
+            if not future.done():
+                self.worker.cancel(item)
+                future.cancel()
+                self.metrics.cancelled.inc()
+
+    def _respond(self, done: ItemResult, item: WorkItem, started: float, request_id: str) -> dict:
+        result = done.result
+        timing = {"queue": item.queue_seconds}
+        timing.update({phase: result.timing[phase] for phase in ("tokenize", "generate", "decode", "score")})
+        timing["total"] = time.perf_counter() - started
+        items = [
+            {key: entry[key] for key in ("input_tokens", "truncated", "output_tokens", "rouge", "error")}
+            for entry in result.items
+        ]
+        response = {
+            "summaries": result.summaries,
+            "rouge": result.rouge,
+            "items": items,
+            "memory": done.memory,
+            "timing": timing,
+            "model": self.summarizer.name,
+            "request_id": request_id,
+        }
+        self.metrics.request_peak_memory.observe(done.memory["peak_bytes"])
+        self.metrics.record_request({
+            "request_id": request_id,
+            "time": time.time(),
+            "texts": len(item.texts),
+            "input_tokens": sum(entry["input_tokens"] for entry in items),
+            "output_tokens": sum(entry["output_tokens"] for entry in items),
+            "memory": done.memory,
+            "timing": timing,
+        })  # fmt: skip
+        return response

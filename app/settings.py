@@ -1,0 +1,65 @@
+"""Service settings, read from the environment with the prefix ``BART_OPT_``.
+
+``BART_OPT_MODEL=./demo-model BART_OPT_API_KEY=secret uvicorn app.main:app`` configures
+the service without code; ``create_app(Settings(...))`` does the same in tests and in
+``app.server.serve``. Routes receive the settings through the :func:`get_settings`
+dependency, so a test may also swap them with ``app.dependency_overrides``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import Request
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=())
+
+    model: str = Field("facebook/bart-large-cnn", description="Hub id or local checkpoint folder.")
+    device: str = Field("auto", description="'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="'auto': float16 on CUDA, float32 on CPU (the Summarizer's choice)."
+    )
+    max_batch_tokens: int = Field(
+        16384, ge=1, description="Token budget of one model call: longest input x texts x beams."
+    )
+    max_batch_size: int = Field(32, ge=1, description="Most texts in one model call.")
+    max_texts: int = Field(64, ge=1, description="Most texts in one POST /summarize.")
+    max_request_bytes: int = Field(1_048_576, ge=1, description="Largest accepted request body (413 above).")
+    queue_size: int = Field(64, ge=1, description="Interactive requests that may wait for the device (429 above).")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch.set_num_threads for the model on CPU (default: torch's own choice)."
+    )
+    micro_batch: bool = Field(True, description="Merge waiting requests with equal generation settings into one call.")
+    api_key: SecretStr | None = Field(
+        None, description="When set, every route but /health and /ready needs 'Authorization: Bearer <key>'."
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    recent_logs: int = Field(100, ge=1, description="Requests kept for GET /metrics?format=json.")
+    shutdown_timeout: float = Field(30.0, gt=0, description="Seconds SIGTERM waits for requests in flight.")
+    db: str = Field("./bart_opt_jobs.db", description="SQLite file of evaluation jobs.")
+    data_dir: str = Field("./data", description="The only folder evaluation jobs may read files from.")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        kind, _, index = value.partition(":")
+        if kind not in ("auto", "cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
+            raise ValueError(f"device must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N', got {value!r}")
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _empty_key_is_none(cls, value: SecretStr | None) -> SecretStr | None:
+        return value if value is not None and value.get_secret_value() else None
+
+
+def get_settings(request: Request) -> Settings:
+    """FastAPI dependency: the settings the app was created with."""
+    return request.app.state.settings

@@ -1,0 +1,290 @@
+"""POST /summarize on the demo model: answers, every error, queueing, disconnects, concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from app.service import load_summarizer
+from app.settings import Settings, get_settings
+from tests.app.helpers import FAST, Gate, articles, async_serving, serving, until
+
+
+def summarize(client, texts, references=None, generation=FAST, **kwargs):
+    body = {"texts": texts, "generation": generation}
+    if references is not None:
+        body["references"] = references
+    return client.post("/summarize", json=body, **kwargs)
+
+
+# ---- answers ---------------------------------------------------------------------------
+
+
+def test_summaries_rouge_items_memory_and_timing_match_the_pipeline(client, direct):
+    texts = articles(3, seed=1)
+    references = ["police said the city was on fire", "the team lost at home", "officials found water"]
+    response = summarize(client, texts, references)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = direct.summarize(texts, references, **FAST)
+    assert body["summaries"] == expected.summaries
+    assert len(set(body["summaries"])) == 3
+    assert body["rouge"] == expected.rouge
+    for item, want in zip(body["items"], expected.items):
+        assert item["input_tokens"] == want["input_tokens"] > 0
+        assert item["output_tokens"] == want["output_tokens"] > 0
+        assert item["rouge"] == want["rouge"]
+        assert item["truncated"] is False and item["error"] is None
+    memory = body["memory"]
+    assert memory["device"] == "cpu" and memory["peak_source"] == "live_tensors"
+    assert memory["peak_bytes"] > 0 and memory["rss_bytes"] > 0
+    assert memory["share"] == 1.0 and memory["batch"]["requests"] == 1 and memory["batch"]["texts"] == 3
+    assert memory["batch"]["peak_bytes"] == memory["peak_bytes"]
+    assert {phase["name"] for phase in memory["phases"]} >= {"encode"}
+    timing = body["timing"]
+    assert set(timing) == {"queue", "tokenize", "generate", "decode", "score", "total"}
+    assert all(value >= 0 for value in timing.values())
+    assert timing["generate"] > 0 and timing["total"] >= timing["generate"]
+    assert body["model"] == client.app.state.settings.model
+    assert body["request_id"] == response.headers["x-request-id"]
+
+
+def test_without_references_there_is_no_rouge(client):
+    body = summarize(client, articles(1, seed=2)).json()
+    assert body["rouge"] is None and body["items"][0]["rouge"] is None
+
+
+def test_generation_overrides_reach_the_model(client, direct):
+    text = articles(1, seed=3)
+    short = {"num_beams": 1, "max_length": 4, "min_length": 1}
+    body = summarize(client, text, generation=short).json()
+    assert body["summaries"] == direct.summarize(text, **short).summaries
+    assert body["items"][0]["output_tokens"] <= 3
+
+
+def test_client_request_id_is_echoed(client):
+    response = summarize(client, articles(1, seed=4), headers={"X-Request-ID": "my-id-1"})
+    assert response.headers["x-request-id"] == "my-id-1"
+    assert response.json()["request_id"] == "my-id-1"
+
+
+# ---- validation errors -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ({"texts": []}, "texts", "at least one text"),
+        ({"texts": ["an article", "   "]}, "texts[1]", "empty"),
+        ({"texts": ["a", "b"], "references": ["only one"]}, "references", "1 references for 2 texts"),
+        ({"texts": ["a"], "generation": {"top_k": 5}}, "generation", "unknown generation option 'top_k'"),
+        ({"texts": ["a"], "generation": {"num_beams": 0}}, "generation.num_beams", "greater than or equal to 1"),
+        ({"texts": ["a"], "generation": {"min_length": 9, "max_length": 3}}, "generation", "exceeds 'max_length'"),
+        ({"texts": ["a"] * 65}, "texts", "more than MAX_TEXTS (64)"),
+        ({"text": ["a"]}, "texts", "Field required"),
+        ({"texts": "just one string"}, "texts", "valid list"),
+    ],
+)
+def test_invalid_requests_get_422_naming_the_field(client, body, field, words):
+    response = client.post("/summarize", json=body)
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert error["field"] == field
+    assert words in error["message"]
+    assert error["request_id"] == response.headers["x-request-id"]
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "words"),
+    [(b'{"texts": [', "application/json", "body: not valid JSON (Expecting value at character 11)"),
+     (b'{"texts": ["a"]}', "text/plain", "body: must be a JSON object sent with Content-Type: application/json"),
+     (b'{"texts": ["a"], "generation": {"length_penalty": NaN}}', "application/json", "finite number")],
+)  # fmt: skip
+def test_body_that_is_not_a_json_object_is_a_422(client, content, content_type, words):
+    response = client.post("/summarize", content=content, headers={"Content-Type": content_type})
+    assert response.status_code == 422
+    assert words in response.json()["error"]["message"]
+
+
+def test_settings_dependency_override_applies_per_request_limits(make_app, demo_checkpoint):
+    app = make_app()
+    app.dependency_overrides[get_settings] = lambda: Settings(model=demo_checkpoint, max_texts=1)
+    with serving(app) as client:
+        response = summarize(client, articles(2))
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == "texts: 2 texts is more than MAX_TEXTS (1)"
+
+
+# ---- size limit, readiness, internal errors -------------------------------------------
+
+
+def test_body_over_the_limit_is_413_by_content_length_and_by_streamed_bytes(make_app):
+    app = make_app(max_request_bytes=300)
+    big = json.dumps({"texts": ["word " * 100]}).encode()
+    with serving(app) as client:
+        declared = client.post("/summarize", content=big, headers={"Content-Type": "application/json"})
+        streamed = client.post(
+            "/summarize",
+            content=(big[i : i + 64] for i in range(0, len(big), 64)),  # chunked: no Content-Length
+            headers={"Content-Type": "application/json"},
+        )
+        small = summarize(client, ["a short text"])
+    for response in (declared, streamed):
+        assert response.status_code == 413
+        error = response.json()["error"]
+        assert error["code"] == "payload_too_large" and "300 bytes" in error["message"]
+    assert small.status_code == 200
+
+
+def test_before_the_model_is_loaded_summarize_and_ready_are_503(make_app, demo_checkpoint):
+    release = threading.Event()
+
+    def held_load(settings):
+        assert release.wait(60)
+        return load_summarizer(settings)
+
+    app = make_app(load=held_load)
+    with serving(app, wait_ready=False) as client:
+        early = summarize(client, ["too early"])
+        ready_early = client.get("/ready")
+        release.set()
+        assert app.state.service.worker.wait_ready(60)
+        late = summarize(client, ["in time"])
+    assert early.status_code == 503 and ready_early.status_code == 503
+    assert early.json()["error"]["code"] == "not_ready" and early.headers["retry-after"]
+    assert "loading" in ready_early.json()["error"]["message"]
+    assert late.status_code == 200
+
+
+def test_unexpected_failure_is_a_500_without_details(client, monkeypatch):
+    summarizer = client.app.state.service.summarizer
+
+    def explode(*args, **kwargs):
+        raise RuntimeError("secret detail in /srv/private/path")
+
+    monkeypatch.setattr(summarizer, "summarize_groups", explode)
+    response = summarize(client, ["anything"])
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["code"] == "internal_error"
+    assert "secret" not in response.text and "Traceback" not in response.text
+    assert error["request_id"] == response.headers["x-request-id"]
+
+
+# ---- queueing: 429, micro-batch shares, disconnects, concurrency ------------------------
+
+
+def test_full_queue_is_429_with_retry_after_and_queued_requests_are_merged(make_app, direct):
+    gate = Gate()
+    app = make_app(queue_size=2, load=gate.loader())
+    texts = articles(3, seed=5)
+
+    async def scenario():
+        async with async_serving(app) as client:
+            first = asyncio.create_task(client.post("/summarize", json={"texts": [texts[0]], "generation": FAST}))
+            await asyncio.to_thread(gate.entered.wait, 30)
+            queued = [
+                asyncio.create_task(client.post("/summarize", json={"texts": [text], "generation": FAST}))
+                for text in texts[1:]
+            ]
+            await until(lambda: app.state.service.worker.queue_length() == 2)
+            refused = await client.post("/summarize", json={"texts": ["no room"], "generation": FAST})
+            gate.open()
+            return refused, await first, await asyncio.gather(*queued)
+
+    refused, first, queued = asyncio.run(scenario())
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "queue_full"
+    assert int(refused.headers["retry-after"]) >= 1
+    assert first.status_code == 200 and first.json()["memory"]["batch"]["requests"] == 1
+    bodies = [response.json() for response in queued]
+    for text, body in zip(texts[1:], bodies):
+        assert body["summaries"] == direct.summarize([text], **FAST).summaries
+        assert body["memory"]["batch"]["requests"] == 2 and body["memory"]["batch"]["texts"] == 2
+    assert sum(body["memory"]["share"] for body in bodies) == pytest.approx(1.0)
+    batch_peak = bodies[0]["memory"]["batch"]["peak_bytes"]
+    assert sum(body["memory"]["peak_bytes"] for body in bodies) == pytest.approx(batch_peak, abs=2)
+    assert len(gate.calls) == 2  # the two queued requests shared one model call
+
+
+def test_client_disconnect_drops_its_queued_work(make_app):
+    gate = Gate()
+    app = make_app(load=gate.loader())
+    payload = json.dumps({"texts": ["dropped text"], "generation": FAST}).encode()
+
+    async def disconnecting_request(gone: asyncio.Event, sent: list):
+        messages = [{"type": "http.request", "body": payload, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+            "scheme": "http", "path": "/summarize", "raw_path": b"/summarize", "root_path": "",
+            "query_string": b"", "server": ("testserver", 80), "client": ("127.0.0.1", 5000),
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }  # fmt: skip
+        await app(scope, receive, send)
+
+    async def scenario():
+        async with async_serving(app) as client:
+            busy = asyncio.create_task(client.post("/summarize", json={"texts": ["kept text"], "generation": FAST}))
+            await asyncio.to_thread(gate.entered.wait, 30)
+            gone, sent = asyncio.Event(), []
+            dropped = asyncio.create_task(disconnecting_request(gone, sent))
+            await until(lambda: app.state.service.worker.queue_length() == 1)
+            gone.set()
+            await dropped
+            queue_after = app.state.service.worker.queue_length()
+            gate.open()
+            kept = await busy
+            metrics = (await client.get("/metrics", params={"format": "json"})).json()
+            return queue_after, kept, sent, metrics
+
+    queue_after, kept, sent, metrics = asyncio.run(scenario())
+    assert queue_after == 0
+    assert kept.status_code == 200
+    assert sent[0]["status"] == 499
+    assert len(gate.calls) == 1  # only the kept request ever reached the model
+    assert [log["texts"] for log in metrics["recent"]] == [1]
+    prometheus = app.state.metrics.exposition().decode()
+    assert "bart_opt_cancelled_requests_total 1.0" in prometheus
+
+
+def test_32_simultaneous_requests_get_200_or_429_and_their_own_summaries(make_app, direct):
+    gate = Gate()
+    app = make_app(queue_size=4, load=gate.loader())
+    texts = articles(32, seed=6)
+    generations = [FAST if i % 4 else {**FAST, "max_length": 6} for i in range(32)]
+
+    async def scenario():
+        async with async_serving(app) as client:
+            tasks = [
+                asyncio.create_task(client.post("/summarize", json={"texts": [t], "generation": g}))
+                for t, g in zip(texts, generations)
+            ]
+            # The device is held until the first answer arrives, which can only be a refusal:
+            # so the queue limit is hit whatever the speed of the machine.
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            gate.open()
+            return await asyncio.gather(*tasks)
+
+    responses = asyncio.run(scenario())
+    statuses = [response.status_code for response in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= 5 and statuses.count(429) >= 1
+    for text, generation, response in zip(texts, generations, responses):
+        if response.status_code == 200:
+            assert response.json()["summaries"] == direct.summarize([text], **generation).summaries
+        else:
+            assert response.json()["error"]["code"] == "queue_full" and response.headers["retry-after"]

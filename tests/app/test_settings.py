@@ -1,0 +1,48 @@
+"""Settings from the environment, and no model work at import time."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+from pydantic import ValidationError
+
+from app.settings import Settings
+
+
+def test_defaults(monkeypatch):
+    for name in ("MODEL", "HOST", "PORT", "API_KEY", "DB", "DATA_DIR", "DEVICE", "DTYPE"):
+        monkeypatch.delenv(f"BART_OPT_{name}", raising=False)
+    s = Settings()
+    assert s.model == "facebook/bart-large-cnn"
+    assert (s.host, s.port, s.device, s.dtype) == ("127.0.0.1", 8000, "auto", "auto")
+    assert s.api_key is None and s.micro_batch is True
+    assert (s.db, s.data_dir) == ("./bart_opt_jobs.db", "./data")
+
+
+def test_environment_with_prefix(monkeypatch):
+    monkeypatch.setenv("BART_OPT_MODEL", "/models/demo")
+    monkeypatch.setenv("BART_OPT_MAX_TEXTS", "7")
+    monkeypatch.setenv("BART_OPT_MICRO_BATCH", "false")
+    monkeypatch.setenv("BART_OPT_API_KEY", "key-4711")
+    s = Settings()
+    assert (s.model, s.max_texts, s.micro_batch) == ("/models/demo", 7, False)
+    assert s.api_key.get_secret_value() == "key-4711"
+    assert "key-4711" not in repr(s)
+
+
+def test_empty_api_key_means_none(monkeypatch):
+    monkeypatch.setenv("BART_OPT_API_KEY", "")
+    assert Settings().api_key is None
+
+
+@pytest.mark.parametrize(("field", "value"), [("device", "gpu"), ("dtype", "int8"), ("queue_size", 0), ("port", 70000)])
+def test_bad_values_are_refused(field, value):
+    with pytest.raises(ValidationError, match=field):
+        Settings(**{field: value})
+
+
+def test_importing_the_app_loads_no_model():
+    main = importlib.import_module("app.main")
+    assert main.app.state.service.summarizer is None
+    assert main.app.state.service.worker is None

@@ -1,0 +1,517 @@
+"""Texts in; summaries, ROUGE, memory and timing out.
+
+`Summarizer` pairs a checkpoint's tokenizer with the engine (`bart_opt.Bart`) and runs
+the evaluation pipeline the seed ran by hand:
+
+1. tokenize (with the checkpoint's summarization prefix), truncating inputs longer than
+   the model's positions and flagging them per item;
+2. plan batches by length under a token budget that counts beams (`bart_opt.batching`);
+3. per model call, pad to the model's maximum length and drop the all-padding columns
+   (the seed's trim), counting the padding computed and the padding avoided;
+4. generate, halving a batch on out-of-memory down to one input;
+5. decode as the reference scripts do and score ROUGE when references are given.
+
+`summarize` returns one `SummaryResult` in input order. `iter_batches` yields the same
+work one planned batch at a time (the evaluate runner and the service's jobs build on
+it), and `summarize_groups` runs the texts of several requests in one go and splits the
+result back per request (the service's micro-batcher).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from bart_opt.batching import DEFAULT_OOM_ERRORS, collate, plan_batches, run_with_oom_split, trim_pad_columns
+from bart_opt.config import resolve_dtype
+from bart_opt.memory import measure
+from bart_opt.rouge import RougeScorer
+
+if TYPE_CHECKING:
+    from bart_opt.model import Bart
+
+GENERATION_OPTIONS = (
+    "num_beams",
+    "min_length",
+    "max_length",
+    "max_new_tokens",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "early_stopping",
+)
+_INT_MINIMUMS = {"num_beams": 1, "min_length": 0, "max_length": 1, "max_new_tokens": 1, "no_repeat_ngram_size": 0}
+PHASES = ("tokenize", "generate", "decode", "score")
+DEFAULT_MAX_BATCH_TOKENS = 32768  # the seed's 8 inputs x 1024 tokens x 4 beams
+DEFAULT_MAX_BATCH_SIZE = 64
+
+
+def validate_generation_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Check generation overrides and return them without `None` values.
+
+    Allowed: num_beams, min_length, max_length, max_new_tokens, length_penalty,
+    no_repeat_ngram_size, early_stopping (True, False or "never"). `None` means "the
+    checkpoint's default". Raises ValueError naming the first bad option.
+    """
+    clean: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key not in GENERATION_OPTIONS:
+            raise ValueError(f"unknown generation option {key!r}; allowed: {', '.join(GENERATION_OPTIONS)}")
+        if value is None:
+            continue
+        if key in _INT_MINIMUMS:
+            if isinstance(value, bool) or not isinstance(value, int) or value < _INT_MINIMUMS[key]:
+                raise ValueError(f"generation option {key!r} must be an integer >= {_INT_MINIMUMS[key]}, got {value!r}")
+        elif key == "length_penalty":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"generation option 'length_penalty' must be a finite number, got {value!r}")
+            value = float(value)
+        elif key == "early_stopping" and value not in (True, False, "never"):
+            raise ValueError(f"generation option 'early_stopping' must be true, false or \"never\", got {value!r}")
+        clean[key] = value
+    if clean.get("min_length", 0) > clean.get("max_length", math.inf):
+        raise ValueError(f"generation option 'min_length' ({clean['min_length']}) exceeds 'max_length' ({clean['max_length']})")
+    return clean
+
+
+@dataclass
+class SummaryResult:
+    """The result of one `summarize` call (lists in input order).
+
+    summaries: one string per text ("" for an input in `errors`).
+    rouge: aggregate ROUGE with bootstrap intervals over the items that have a reference,
+        or None when no reference was given.
+    items: per text ``{"input_tokens", "truncated", "output_tokens", "rouge", "error",
+        "padding_computed", "padding_avoided", "call", "timing"}``; ``call`` indexes
+        `batches`, ``timing`` is this item's share of each phase in seconds.
+    memory: the `bart_opt.memory.MemoryLog.report()` dict of the call.
+    timing: seconds per phase: tokenize, generate, decode, score, total.
+    batches: one dict per model call: size, columns, tokens, padding_computed,
+        padding_avoided, num_beams, budget_tokens, seconds, positions.
+    errors: per text None, or why it has no summary (out of memory even alone).
+    generation: the effective generation settings (checkpoint defaults + overrides).
+    oom_splits: how many times a batch was halved after running out of memory.
+    """
+
+    summaries: list[str]
+    rouge: dict | None
+    items: list[dict]
+    memory: dict
+    timing: dict
+    batches: list[dict] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
+    generation: dict = field(default_factory=dict)
+    oom_splits: int = 0
+
+    def to_dict(self) -> dict:
+        """A JSON-serialisable dict of every field."""
+        return asdict(self)
+
+
+@dataclass
+class Encoded:
+    """One tokenized input: its ids (special tokens included) and whether they were cut."""
+
+    ids: list[int]
+    truncated: bool
+
+
+@dataclass
+class BatchOutcome:
+    """One planned batch, finished: what `Summarizer.iter_batches` yields.
+
+    positions: input positions of the batch (into the texts given), longest first.
+    summaries / items / errors: keyed by input position (items as in `SummaryResult`).
+    calls: the batch's model-call stats; more than one when it was split after OOM.
+    memory: this batch's memory report when yielded by `iter_batches`, else None.
+    timing: seconds per phase spent on this batch (tokenize excluded).
+    """
+
+    positions: list[int]
+    summaries: dict[int, str]
+    items: dict[int, dict]
+    errors: dict[int, str]
+    calls: list[dict]
+    oom_splits: int
+    timing: dict[str, float]
+    memory: dict | None = None
+
+
+class Summarizer:
+    """A checkpoint's tokenizer plus the memory-optimized BART, with batching and ROUGE.
+
+    Build it with `Summarizer.from_pretrained`. The constructor is for callers that
+    already hold a model and tokenizer (tests, the service). `oom_errors` and
+    `before_model_call` are injection points: ``before_model_call(positions)`` runs
+    before every model call and may raise one of `oom_errors` to simulate running out
+    of memory on CPU. `count_cpu_tensors` turns the CPU live-tensor counter of the
+    memory report on (exact peaks, some overhead) or off.
+    """
+
+    def __init__(
+        self,
+        model: Bart,
+        tokenizer,
+        *,
+        name: str = "",
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        scorer: RougeScorer | None = None,
+        oom_errors: tuple[type[BaseException], ...] = DEFAULT_OOM_ERRORS,
+        before_model_call: Callable[[list[int]], None] | None = None,
+        count_cpu_tensors: bool = True,
+    ):
+        if max_batch_tokens < 1 or max_batch_size < 1:
+            raise ValueError(f"max_batch_tokens and max_batch_size must be >= 1, got {max_batch_tokens}, {max_batch_size}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.name = name
+        self.max_batch_tokens = max_batch_tokens
+        self.max_batch_size = max_batch_size
+        self.scorer = scorer or RougeScorer()
+        self.oom_errors = oom_errors
+        self.before_model_call = before_model_call
+        self.count_cpu_tensors = count_cpu_tensors
+        self.pad_id = model.config.pad_token_id
+        tokenizer_max = getattr(tokenizer, "model_max_length", None) or math.inf
+        self.max_input_tokens = int(min(model.config.max_position_embeddings, tokenizer_max))
+        self.prefix = summarization_prefix(model.config)
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | str | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        **kwargs,
+    ) -> Summarizer:
+        """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id.
+
+        `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
+        and float32 on cpu. Other keyword arguments go to the constructor.
+        """
+        from transformers import AutoTokenizer
+
+        from bart_opt.model import Bart
+
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
+        dtype = resolve_dtype(dtype, default=torch.float16 if device.type == "cuda" else torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype)
+        return cls(model, tokenizer, name=str(name_or_path), max_batch_tokens=max_batch_tokens,
+                   max_batch_size=max_batch_size, **kwargs)
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return self.model.device
+
+    def validate_generation_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """See the module-level `validate_generation_kwargs`."""
+        return validate_generation_kwargs(kwargs)
+
+    def generation_settings(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """The effective value of every allowed option: checkpoint defaults, then `overrides`."""
+        defaults = self.model.generation_config
+        settings = {key: getattr(defaults, key, None) for key in GENERATION_OPTIONS}
+        settings.update(validate_generation_kwargs(overrides))
+        return settings
+
+    def encode(self, texts: Sequence[str]) -> list[Encoded]:
+        """Tokenize with the summarization prefix, cutting at the model's positions.
+
+        Inputs longer than `max_input_tokens` are truncated the way the tokenizer does
+        (special tokens kept) and flagged.
+        """
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise ValueError(f"text {i} must be a string, got {type(text).__name__}")
+        prefixed = [self.prefix + text for text in texts]
+        # One token past the limit tells cut inputs apart without a second full pass.
+        probe = self.tokenizer(prefixed, truncation=True, max_length=self.max_input_tokens + 1)["input_ids"]
+        long_positions = [i for i, ids in enumerate(probe) if len(ids) > self.max_input_tokens]
+        if long_positions:
+            cut = self.tokenizer([prefixed[i] for i in long_positions], truncation=True, max_length=self.max_input_tokens)
+            for i, ids in zip(long_positions, cut["input_ids"]):
+                probe[i] = ids
+        long_set = set(long_positions)
+        return [Encoded(ids=list(ids), truncated=i in long_set) for i, ids in enumerate(probe)]
+
+    def plan(self, encoded: Sequence[Encoded], num_beams: int) -> list[list[int]]:
+        """Length-sorted batches of input positions under this summarizer's budgets."""
+        return plan_batches(
+            [len(e.ids) for e in encoded],
+            max_batch_tokens=self.max_batch_tokens,
+            max_batch_size=self.max_batch_size,
+            num_beams=num_beams,
+        )
+
+    def summarize(self, texts: Sequence[str], references: Sequence[str | None] | None = None,
+                  **generation_kwargs) -> SummaryResult:
+        """Summarize `texts` (and score them against `references` when given).
+
+        Generation options override the checkpoint's generation config; see
+        `validate_generation_kwargs`. Raises ValueError on bad input.
+        """
+        start = time.perf_counter()
+        texts, references, overrides, settings = self._check_call(texts, references, generation_kwargs)
+        with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
+            self.model.attach_log(log)
+            try:
+                tick = time.perf_counter()
+                with log.phase("tokenize"):
+                    encoded = self.encode(texts)
+                tokenize_s = time.perf_counter() - tick
+                outcomes = [
+                    self._run_batch(plan, encoded, references, overrides, settings["num_beams"])
+                    for plan in self.plan(encoded, settings["num_beams"])
+                ]
+            finally:
+                self.model.attach_log(None)
+        result = self._assemble(len(texts), outcomes, references, tokenize_s, settings)
+        result.memory = log.report()
+        result.timing["total"] = time.perf_counter() - start
+        return result
+
+    def iter_batches(self, texts: Sequence[str], references: Sequence[str | None] | None = None,
+                     **generation_kwargs) -> Iterator[BatchOutcome]:
+        """Summarize like `summarize`, yielding each planned batch as soon as it is done.
+
+        Batches come longest first; every input position appears in exactly one
+        outcome. Each outcome carries its own memory report. Nothing is held between
+        yields (no memory log, no dispatch mode), so a consumer may stop at any
+        batch, write results, or run other model work in between.
+        """
+        texts, references, overrides, settings = self._check_call(texts, references, generation_kwargs)
+        tick = time.perf_counter()
+        encoded = self.encode(texts)
+        tokenize_share = (time.perf_counter() - tick) / len(texts)
+        for plan in self.plan(encoded, settings["num_beams"]):
+            with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
+                self.model.attach_log(log)
+                try:
+                    outcome = self._run_batch(plan, encoded, references, overrides, settings["num_beams"])
+                finally:
+                    self.model.attach_log(None)
+            outcome.memory = log.report()
+            for item in outcome.items.values():
+                item["timing"]["tokenize"] = tokenize_share
+            outcome.timing["tokenize"] = tokenize_share * len(plan)
+            yield outcome
+
+    def summarize_groups(self, groups: Sequence[tuple[Sequence[str], Sequence[str | None] | None]],
+                         **generation_kwargs) -> list[SummaryResult]:
+        """Run the texts of several requests in one call and split the result per request.
+
+        `groups` is a list of ``(texts, references_or_None)``. Each returned result has
+        its own summaries, items, errors and ROUGE; its timing is the sum of its items'
+        shares (total: its share of the call's wall time); `batches` holds the model
+        calls that included its texts (``size``, ``tokens`` ... of the whole call;
+        ``positions`` and the items' ``call`` renumbered within the request); `memory`
+        is the shared call's report with ``"share"``: this request's fraction of the
+        call's input tokens.
+        """
+        texts: list[str] = []
+        references: list[str | None] = []
+        bounds = []
+        for group_texts, group_refs in groups:
+            group_texts = list(group_texts)
+            if group_refs is not None and len(group_refs) != len(group_texts):
+                raise ValueError(f"references has {len(group_refs)} entries for {len(group_texts)} texts")
+            bounds.append((len(texts), len(texts) + len(group_texts)))
+            texts.extend(group_texts)
+            references.extend(group_refs if group_refs is not None else [None] * len(group_texts))
+        has_refs = any(refs is not None for _, refs in groups)
+        combined = self.summarize(texts, references if has_refs else None, **generation_kwargs)
+        total_tokens = sum(item["input_tokens"] for item in combined.items) or 1
+        return [
+            self._group_result(combined, lo, hi, group_refs is not None, total_tokens)
+            for (lo, hi), (_, group_refs) in zip(bounds, groups)
+        ]
+
+    def _group_result(self, combined: SummaryResult, lo: int, hi: int, scored: bool,
+                      total_tokens: int) -> SummaryResult:
+        """The part of `combined` for positions lo..hi-1, renumbered from 0."""
+        calls = sorted({item["call"] for item in combined.items[lo:hi] if item["call"] is not None})
+        renumber = {old: new for new, old in enumerate(calls)}
+        items = [
+            {**item, "call": renumber.get(item["call"]), "timing": dict(item["timing"])}
+            for item in combined.items[lo:hi]
+        ]
+        batches = [
+            {**combined.batches[c], "positions": [p - lo for p in combined.batches[c]["positions"] if lo <= p < hi]}
+            for c in calls
+        ]
+        share = sum(item["input_tokens"] for item in items) / total_tokens
+        timing = {phase: sum(item["timing"][phase] for item in items) for phase in PHASES}
+        timing["total"] = combined.timing["total"] * share
+        return SummaryResult(
+            summaries=combined.summaries[lo:hi],
+            rouge=self._aggregate(items) if scored else None,
+            items=items,
+            memory={**combined.memory, "share": share},
+            timing=timing,
+            batches=batches,
+            errors=combined.errors[lo:hi],
+            generation=combined.generation,
+            oom_splits=combined.oom_splits,
+        )
+
+    def _check_call(self, texts, references, generation_kwargs):
+        if isinstance(texts, str):
+            raise ValueError("texts must be a list of strings, got a single string")
+        texts = list(texts)
+        if not texts:
+            raise ValueError("texts is empty")
+        if references is not None:
+            references = list(references)
+            if len(references) != len(texts):
+                raise ValueError(f"references has {len(references)} entries for {len(texts)} texts")
+            for i, ref in enumerate(references):
+                if ref is not None and not isinstance(ref, str):
+                    raise ValueError(f"reference {i} must be a string or None, got {type(ref).__name__}")
+        overrides = validate_generation_kwargs(generation_kwargs)
+        return texts, references, overrides, self.generation_settings(overrides)
+
+    def _run_batch(self, plan: list[int], encoded: list[Encoded], references, overrides: dict,
+                   num_beams: int) -> BatchOutcome:
+        """Generate, decode and score one planned batch, splitting it on out-of-memory."""
+        calls: list[dict] = []
+
+        def call(positions: list[int]) -> list[torch.Tensor]:
+            sequences, stats = self._generate(positions, encoded, overrides, num_beams)
+            calls.append(stats)
+            return sequences
+
+        split = run_with_oom_split(call, plan, oom_errors=self.oom_errors, on_oom=_free_device_cache)
+        outcome = BatchOutcome(positions=list(plan), summaries={}, items={}, errors=dict(split.errors),
+                               calls=calls, oom_splits=split.splits, timing=dict.fromkeys(PHASES, 0.0))
+        for index, (positions, stats) in enumerate(zip(split.calls, calls)):
+            sequences = [split.results[p] for p in positions]
+            self._decode_and_score(outcome, index, stats, sequences, encoded, references)
+        for p, message in split.errors.items():
+            outcome.summaries[p] = ""
+            outcome.items[p] = {
+                "input_tokens": len(encoded[p].ids), "truncated": encoded[p].truncated, "output_tokens": 0,
+                "rouge": None, "error": message, "padding_computed": 0, "padding_avoided": 0, "call": None,
+                "timing": dict.fromkeys(PHASES, 0.0),
+            }
+        return outcome
+
+    def _generate(self, positions: list[int], encoded: list[Encoded], overrides: dict,
+                  num_beams: int) -> tuple[list[torch.Tensor], dict]:
+        """One model call: pad to the model's length, trim, generate. Returns rows and call stats."""
+        if self.before_model_call is not None:
+            self.before_model_call(positions)
+        ids, mask = collate([encoded[p].ids for p in positions], self.pad_id, pad_to=self.max_input_tokens)
+        ids, mask, trim = trim_pad_columns(ids, mask, self.pad_id)  # (B, T')
+        tick = time.perf_counter()
+        with torch.inference_mode(), self.model.log_phase("generate"):
+            sequences = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device), **overrides)
+        sequences = sequences.cpu()  # (B, L)
+        stats = {
+            "size": trim.rows, "columns": trim.columns_after, "tokens": trim.tokens,
+            "padding_computed": trim.padding_computed, "padding_avoided": trim.padding_avoided,
+            "num_beams": num_beams, "budget_tokens": trim.rows * trim.columns_after * num_beams,
+            "seconds": time.perf_counter() - tick, "positions": list(positions),
+        }
+        return list(sequences), stats
+
+    def _decode_and_score(self, outcome: BatchOutcome, call_index: int, stats: dict,
+                          sequences: list[torch.Tensor], encoded: list[Encoded], references) -> None:
+        """Decode one call's rows as the reference scripts do, score them, fill `outcome`."""
+        positions = stats["positions"]
+        tick = time.perf_counter()
+        with self.model.log_phase("detokenize"):
+            texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=True,
+                                                clean_up_tokenization_spaces=False)
+        decode_s = time.perf_counter() - tick
+        tick = time.perf_counter()
+        with self.model.log_phase("score"):
+            for p, sequence, text in zip(positions, sequences, texts):
+                reference = references[p] if references is not None else None
+                outcome.summaries[p] = text
+                outcome.items[p] = self._item(encoded[p], stats, call_index, sequence)
+                outcome.items[p]["rouge"] = self.scorer.score(text, reference) if reference is not None else None
+        score_s = time.perf_counter() - tick
+        for phase, seconds in (("generate", stats["seconds"]), ("decode", decode_s), ("score", score_s)):
+            outcome.timing[phase] += seconds
+            for p in positions:
+                outcome.items[p]["timing"][phase] = seconds / len(positions)
+
+    def _item(self, encoded: Encoded, stats: dict, call_index: int, sequence: torch.Tensor) -> dict:
+        length = len(encoded.ids)
+        return {
+            "input_tokens": length,
+            "truncated": encoded.truncated,
+            # Tokens generated after the decoder start token (forced bos and eos included).
+            "output_tokens": int(sequence.ne(self.pad_id).sum()) - 1,
+            "rouge": None,
+            "error": None,
+            "padding_computed": stats["columns"] - length,
+            "padding_avoided": self.max_input_tokens - stats["columns"],
+            "call": call_index,
+            "timing": dict.fromkeys(PHASES, 0.0),
+        }
+
+    def _assemble(self, n: int, outcomes: list[BatchOutcome], references, tokenize_s: float,
+                  settings: dict) -> SummaryResult:
+        """Merge batch outcomes into one result in input order."""
+        summaries: list[str] = [""] * n
+        items: list[dict] = [{} for _ in range(n)]
+        errors: list[str | None] = [None] * n
+        batches: list[dict] = []
+        timing = dict.fromkeys(PHASES, 0.0)
+        timing["tokenize"] = tokenize_s
+        for outcome in outcomes:
+            offset = len(batches)
+            batches.extend(outcome.calls)
+            for p in outcome.positions:
+                item = outcome.items[p]
+                if item["call"] is not None:
+                    item["call"] += offset
+                item["timing"]["tokenize"] = tokenize_s / n
+                summaries[p], items[p], errors[p] = outcome.summaries[p], item, outcome.errors.get(p)
+            for phase in ("generate", "decode", "score"):
+                timing[phase] += outcome.timing[phase]
+        tick = time.perf_counter()
+        rouge = self._aggregate(items) if references is not None else None
+        timing["score"] += time.perf_counter() - tick
+        return SummaryResult(summaries=summaries, rouge=rouge, items=items, memory={}, timing=timing,
+                             batches=batches, errors=errors, generation=settings,
+                             oom_splits=sum(o.oom_splits for o in outcomes))
+
+    def _aggregate(self, items: Sequence[dict]) -> dict | None:
+        scored = [item["rouge"] for item in items if item.get("rouge") is not None]
+        return self.scorer.aggregate(scored) if scored else None
+
+
+def summarization_prefix(config) -> str:
+    """The text the checkpoint wants before each input, as transformers' examples apply it.
+
+    ``config.prefix`` when set, else ``task_specific_params["summarization"]["prefix"]``,
+    else "" (the case for BART checkpoints).
+    """
+    prefix = getattr(config, "prefix", None)
+    if prefix:
+        return prefix
+    task_params = getattr(config, "task_specific_params", None) or {}
+    return (task_params.get("summarization") or {}).get("prefix") or ""
+
+
+def _free_device_cache(positions: list[int], error: BaseException) -> None:
+    """After an out-of-memory error, give cached CUDA blocks back before retrying."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+__all__ = ["BatchOutcome", "GENERATION_OPTIONS", "SummaryResult", "Summarizer", "summarization_prefix",
+           "validate_generation_kwargs"]

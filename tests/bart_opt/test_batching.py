@@ -1,0 +1,127 @@
+"""Batch planning, padding trim and out-of-memory splitting (no model needed)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from bart_opt.batching import collate, fixed_batches, plan_batches, run_with_oom_split, trim_pad_columns
+
+
+class FakeOOM(RuntimeError):
+    """Stands in for torch.cuda.OutOfMemoryError on CPU."""
+
+
+def test_plan_covers_every_input_once_and_respects_budgets():
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 1024) for _ in range(300)]
+    plan = plan_batches(lengths, max_batch_tokens=16384, max_batch_size=12, num_beams=4)
+    assert sorted(i for batch in plan for i in batch) == list(range(300))
+    for batch in plan:
+        assert len(batch) <= 12
+        cost = max(lengths[i] for i in batch) * len(batch) * 4
+        assert cost <= 16384 or len(batch) == 1
+
+
+def test_plan_is_length_sorted_longest_first_and_fills_batches():
+    lengths = [5, 100, 7, 100, 50, 6]
+    plan = plan_batches(lengths, max_batch_tokens=400, max_batch_size=10, num_beams=2)
+    # 100*2*2 = 400 fits two of the longest; then 50 with 7, 6, 5 (50*4*2 = 400).
+    assert plan == [[1, 3], [4, 2, 5, 0]]
+
+
+def test_plan_counts_beams_and_caps_batch_size():
+    lengths = [10] * 10
+    assert [len(b) for b in plan_batches(lengths, max_batch_tokens=100, max_batch_size=64)] == [10]
+    assert [len(b) for b in plan_batches(lengths, max_batch_tokens=100, max_batch_size=64, num_beams=4)] == [2] * 5
+    assert [len(b) for b in plan_batches(lengths, max_batch_tokens=10**6, max_batch_size=3)] == [3, 3, 3, 1]
+
+
+def test_an_input_over_the_budget_gets_a_batch_of_its_own():
+    plan = plan_batches([2000, 10, 10], max_batch_tokens=100, max_batch_size=8)
+    assert plan == [[0], [1, 2]]
+
+
+def test_plan_rejects_bad_budgets():
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        plan_batches([1, 2], max_batch_tokens=0, max_batch_size=4)
+
+
+def test_fixed_batches_keep_input_order():
+    assert fixed_batches(10, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+
+
+def test_collate_pads_right_to_the_requested_width():
+    ids, mask = collate([[0, 5, 2], [0, 2]], pad_id=1, pad_to=5)
+    assert ids.tolist() == [[0, 5, 2, 1, 1], [0, 2, 1, 1, 1]]
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 0, 0, 0]]
+    with pytest.raises(ValueError, match="shorter than the longest"):
+        collate([[0, 5, 2]], pad_id=1, pad_to=2)
+
+
+def test_trim_drops_all_padding_columns_and_counts_them():
+    # A caller padded to 8 columns; the longest row has 5 tokens.
+    ids, mask = collate([[0, 4, 4, 4, 2], [0, 4, 2], [0, 2]], pad_id=1, pad_to=8)
+    trimmed_ids, trimmed_mask, stats = trim_pad_columns(ids, mask, pad_id=1)
+    assert trimmed_ids.shape == (3, 5)
+    assert torch.equal(trimmed_ids, ids[:, :5]) and torch.equal(trimmed_mask, mask[:, :5])
+    assert stats.columns_before == 8 and stats.columns_after == 5
+    assert stats.tokens == 10
+    assert stats.padding_computed == 3 * 5 - 10
+    assert stats.padding_avoided == 3 * 3
+
+
+def test_trim_without_mask_uses_the_pad_id_and_keeps_a_full_batch():
+    ids = torch.tensor([[0, 7, 2], [0, 2, 1]])
+    _, mask, stats = trim_pad_columns(ids, None, pad_id=1)
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert (stats.columns_after, stats.padding_avoided, stats.padding_computed) == (3, 0, 1)
+
+
+def test_trim_rejects_mismatched_mask():
+    with pytest.raises(ValueError, match="does not match"):
+        trim_pad_columns(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 4, dtype=torch.long), pad_id=1)
+
+
+def test_oom_split_halves_until_batches_fit():
+    calls = []
+
+    def batch_fn(positions):
+        calls.append(list(positions))
+        if len(positions) > 2:
+            raise FakeOOM("too big")
+        return [p * 10 for p in positions]
+
+    outcome = run_with_oom_split(batch_fn, [3, 1, 4, 0, 2], oom_errors=(FakeOOM,))
+    assert outcome.results == {p: p * 10 for p in range(5)}
+    assert outcome.errors == {}
+    # [3, 1, 4, 0, 2] -> [3, 1] + [4, 0, 2] -> [4] + [0, 2]
+    assert outcome.calls == [[3, 1], [4], [0, 2]]
+    assert outcome.splits == 2
+    assert calls[0] == [3, 1, 4, 0, 2]
+
+
+def test_oom_on_a_single_input_fails_that_input_only():
+    freed = []
+
+    def batch_fn(positions):
+        if 7 in positions:
+            raise FakeOOM("CUDA out of memory")
+        return [f"summary {p}" for p in positions]
+
+    outcome = run_with_oom_split(batch_fn, list(range(10)), oom_errors=(FakeOOM,),
+                                 on_oom=lambda positions, error: freed.append(len(positions)))
+    assert set(outcome.results) == set(range(10)) - {7}
+    assert list(outcome.errors) == [7]
+    assert "out of memory" in outcome.errors[7] and "CUDA out of memory" in outcome.errors[7]
+    assert freed[0] == 10 and freed[-1] == 1
+
+
+def test_other_errors_are_not_swallowed():
+    def batch_fn(positions):
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        run_with_oom_split(batch_fn, [0, 1], oom_errors=(FakeOOM,))

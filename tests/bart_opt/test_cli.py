@@ -1,0 +1,158 @@
+"""The bart-opt command line, through `main([...])` and one real subprocess."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import bart_opt
+from bart_opt.cli import main
+from bart_opt.demo import random_article
+from bart_opt.summarizer import Summarizer
+
+REPO = Path(__file__).resolve().parents[2]
+GEN = ["--max-length", "12", "--min-length", "3", "--num-beams", "2"]
+
+
+@pytest.fixture(scope="module")
+def texts() -> list[str]:
+    rng = random.Random(5)
+    return [random_article(rng, n) for n in (2, 7, 1, 4)]
+
+
+def test_summarize_file_prints_jsonl_in_input_order(demo_checkpoint, texts, tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": f"t{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    assert main(["summarize", "--model", demo_checkpoint, str(path), *GEN]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = Summarizer.from_pretrained(demo_checkpoint, count_cpu_tensors=False).summarize(
+        texts, max_length=12, min_length=3, num_beams=2)
+    assert [row["id"] for row in out] == ["t0", "t1", "t2", "t3"]
+    assert [row["summary"] for row in out] == expected.summaries
+    assert [row["input_tokens"] for row in out] == [item["input_tokens"] for item in expected.items]
+
+
+def test_summarize_reads_stdin(demo_checkpoint, texts, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"text": texts[0]}) + "\n\n"))
+    assert main(["summarize", "--model", demo_checkpoint, "-", *GEN]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert set(row) == {"summary", "input_tokens", "truncated", "output_tokens"} and row["summary"]
+
+
+def test_evaluate_writes_metrics_and_resumes(demo_checkpoint, tmp_path, capsys):
+    rng = random.Random(6)
+    data = tmp_path / "cnn.jsonl"
+    data.write_text("".join(
+        json.dumps({"id": str(i), "article": random_article(rng, 3), "highlights": random_article(rng, 1)}) + "\n"
+        for i in range(5)
+    ))
+    out = tmp_path / "run"
+    args = ["evaluate", "--model", demo_checkpoint, "--data", str(data), "--out", str(out), *GEN, "--no-progress",
+            "--no-memory-count"]
+    assert main([*args, "--limit", "3"]) == 0
+    assert len((out / "predictions.jsonl").read_text().splitlines()) == 3
+    capsys.readouterr()
+    assert main(args) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert json.loads(capsys.readouterr().out) == metrics
+    assert metrics["n_obs"] == 5 and metrics["resumed_from"] == 3
+    assert metrics["rouge"]["rouge1"]["mid"]["fmeasure"] >= 0
+    assert metrics["generation"]["num_beams"] == 2
+    assert metrics["memory"]["peak_source"] == "none"
+    ids = [json.loads(line)["id"] for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(ids) == ["0", "1", "2", "3", "4"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["evaluate", "--data", "{missing}", "--out", "{tmp}/o"], "no such file"),
+        (["evaluate", "--data", "{data}", "--out", "{tmp}/o", "--text-column", "body"],
+         "text column 'body' not found"),
+        (["summarize", "{missing}"], "no such file"),
+        (["summarize", "{bad_json}"], "line 2: not valid JSON"),
+        (["summarize", "{data}"], "no 'text' field (found: article, id)"),
+        (["summarize", "{data}", "--text-field", "article", "--early-stopping", "never", "--num-beams", "0"],
+         "'num_beams' must be an integer >= 1"),
+        (["summarize", "{data}", "--text-field", "article", "--dtype", "int8"], "dtype 'int8' is not supported"),
+        (["summarize", "{data}", "--text-field", "article", "--device", "cuda:0"]
+         if not torch.cuda.is_available() else ["summarize", "{missing}"],
+         "CUDA is not available" if not torch.cuda.is_available() else "no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, demo_checkpoint, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"id": "a", "article": "Some words here."}) + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    paths = {"missing": str(tmp_path / "nope.jsonl"), "tmp": str(tmp_path), "data": str(data), "bad_json": str(bad)}
+    argv = [arg.format(**paths) for arg in argv]
+    assert main([argv[0], "--model", demo_checkpoint, *argv[1:]]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_unknown_model_is_a_clear_error(tmp_path, capsys):
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"text": "a b c"}) + "\n")
+    assert main(["summarize", "--model", str(tmp_path / "no-such-model"), str(data)]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-model" in err and err.count("\n") == 1
+
+
+def test_bench_gets_the_rest_of_the_command_line(monkeypatch):
+    seen = []
+    fake = types.ModuleType("bart_opt.bench")
+    fake.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "bart_opt.bench", fake)
+    monkeypatch.setattr(bart_opt, "bench", fake, raising=False)
+    assert main(["bench", "--size", "tiny", "--json", "x.json"]) == 0
+    assert seen == [["--size", "tiny", "--json", "x.json"]]
+
+
+def test_serve_hands_its_options_to_the_service(monkeypatch):
+    seen = {}
+    fake = types.ModuleType("app.server")
+    fake.serve = lambda **kwargs: seen.update(kwargs)
+    monkeypatch.setitem(sys.modules, "app.server", fake)
+    assert main(["serve", "--model", "some/model", "--host", "0.0.0.0", "--port", "9001"]) == 0
+    assert seen == {"model": "some/model", "host": "0.0.0.0", "port": 9001}
+
+
+def test_demo_model_in_a_real_process_without_importing_fastapi(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    # -X importtime lists every module the process imports on stderr.
+    proc = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "bart_opt.cli", "demo-model", str(tmp_path / "demo")],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "meaningless" in proc.stdout
+    assert {"config.json", "generation_config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "demo").iterdir()}
+    imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert "bart_opt" in imported and "bart_opt.demo" in imported
+    assert not [name for name in imported if name.split(".")[0] in ("fastapi", "app")]
+
+
+def test_ctrl_c_during_evaluate_says_how_to_resume(demo_checkpoint, tmp_path, monkeypatch, capsys):
+    import bart_opt.evaluate
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bart_opt.evaluate, "run_evaluation", interrupted)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"id": "a", "article": "Some words here.", "highlights": "Words."}) + "\n")
+    argv = ["evaluate", "--model", demo_checkpoint, "--data", str(data), "--out", str(tmp_path / "o")]
+    assert main(argv) == 130
+    assert "interrupted; rerun the same command to resume" in capsys.readouterr().err

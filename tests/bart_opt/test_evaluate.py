@@ -1,0 +1,162 @@
+"""The resumable evaluate runner, end to end on the demo checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bart_opt.data import load_records
+from bart_opt.demo import random_article, random_sentence
+from bart_opt.evaluate import (
+    JsonlPredictionStore,
+    compute_metrics,
+    iter_predictions,
+    run_evaluation,
+)
+from bart_opt.summarizer import Summarizer
+
+GEN = {"max_length": 14, "min_length": 3}
+
+
+class Stop(Exception):
+    """Injected into the runner to stop it halfway, like a crash."""
+
+
+@pytest.fixture(scope="module")
+def summarizer(demo_checkpoint) -> Summarizer:
+    return Summarizer.from_pretrained(demo_checkpoint, device="cpu", max_batch_size=3)
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[dict]:
+    rng = random.Random(3)
+    return [
+        {"id": f"doc-{i}", "article": random_article(rng, rng.randint(1, 10)),
+         "highlights": "\n".join(random_sentence(rng) for _ in range(2))}
+        for i in range(8)
+    ]
+
+
+@pytest.fixture(scope="module")
+def records(rows):
+    return load_records(records=rows)
+
+
+@pytest.fixture(scope="module")
+def full_run(summarizer, records, tmp_path_factory):
+    out = tmp_path_factory.mktemp("full")
+    metrics = run_evaluation(summarizer, records, out, GEN, progress=False)
+    return out, metrics
+
+
+def read_lines(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_evaluate_writes_predictions_and_metrics(full_run, records, summarizer):
+    out, metrics = full_run
+    lines = read_lines(out / "predictions.jsonl")
+    assert sorted(row["id"] for row in lines) == sorted(r.id for r in records)
+    by_id = {row["id"]: row for row in lines}
+    direct = summarizer.summarize([r.text for r in records], [r.reference for r in records], **GEN)
+    for record, summary, item in zip(records, direct.summaries, direct.items):
+        row = by_id[record.id]
+        assert row["prediction"] == summary and row["reference"] == record.reference
+        assert row["rouge"] == item["rouge"] and row["error"] is None
+        assert row["padding_avoided"] == item["padding_avoided"] > 0
+    assert metrics == json.loads((out / "metrics.json").read_text())
+    assert metrics["n_obs"] == len(records) and metrics["n_errors"] == 0
+    assert metrics["rouge"] == direct.rouge
+    assert set(metrics["rouge"]["rougeLsum"]) == {"low", "mid", "high"}
+    assert metrics["runtime_s"] > 0
+    assert metrics["seconds_per_sample"] == pytest.approx(metrics["runtime_s"] / len(records))
+    assert metrics["memory"]["peak_bytes"] > 0 and metrics["memory"]["peak_source"] == "live_tensors"
+    assert metrics["padding"]["avoided"] == sum(row["padding_avoided"] for row in lines)
+    assert metrics["generation"]["max_length"] == 14 and metrics["generation"]["num_beams"] == 4
+    assert metrics["model"] == summarizer.name and metrics["resumed_from"] == 0
+
+
+def test_resume_after_a_stop_equals_an_uninterrupted_run(full_run, summarizer, records, tmp_path):
+    seen = []
+
+    def stop_after_first_batch(batch_rows):
+        seen.append(len(batch_rows))
+        raise Stop
+
+    with pytest.raises(Stop):
+        run_evaluation(summarizer, records, tmp_path, GEN, progress=False, on_batch=stop_after_first_batch)
+    first = read_lines(tmp_path / "predictions.jsonl")
+    assert len(first) == seen[0] == 3
+    assert not (tmp_path / "metrics.json").exists()
+    # A run killed while writing leaves a torn line behind; the rerun must drop it.
+    with (tmp_path / "predictions.jsonl").open("a") as f:
+        f.write('{"id": "doc-7", "predic')
+
+    metrics = run_evaluation(summarizer, records, tmp_path, GEN, progress=False)
+    lines = read_lines(tmp_path / "predictions.jsonl")
+    assert sorted(row["id"] for row in lines) == sorted(r.id for r in records)  # each id exactly once
+    assert lines[:3] == first  # finished work was not redone
+    full_out, full_metrics = full_run
+    full_by_id = {row["id"]: row["prediction"] for row in read_lines(full_out / "predictions.jsonl")}
+    assert {row["id"]: row["prediction"] for row in lines} == full_by_id
+    assert metrics["resumed_from"] == 3
+    assert metrics["rouge"] == full_metrics["rouge"]
+    for key in ("n_obs", "n_errors", "padding", "tokens", "generation", "model"):
+        assert metrics[key] == full_metrics[key], key
+
+
+def test_rerun_of_a_finished_run_generates_nothing(full_run, summarizer, records):
+    out, metrics = full_run
+    calls = []
+    summarizer.before_model_call = calls.append
+    try:
+        again = run_evaluation(summarizer, records, out, GEN, progress=False)
+    finally:
+        summarizer.before_model_call = None
+    assert calls == []
+    assert again["rouge"] == metrics["rouge"] and again["resumed_from"] == len(records)
+
+
+def test_other_settings_in_the_same_directory_are_refused(full_run, summarizer, records):
+    out, _ = full_run
+    with pytest.raises(ValueError, match="other settings"):
+        run_evaluation(summarizer, records, out, {"max_length": 10}, progress=False)
+
+
+def test_iter_predictions_skips_done_ids_and_is_a_plain_generator(summarizer, records):
+    skip = {r.id for r in records[2:]}
+    batches = list(iter_predictions(summarizer, records, GEN, skip_ids=skip))
+    assert sorted(row["id"] for b in batches for row in b.rows) == [records[0].id, records[1].id]
+    assert all(b.outcome.memory is not None for b in batches)
+    assert list(iter_predictions(summarizer, records, GEN, skip_ids={r.id for r in records})) == []
+    with pytest.raises(ValueError, match="unknown generation option"):
+        list(iter_predictions(summarizer, records, {"top_k": 5}, skip_ids={r.id for r in records}))
+
+
+def test_compute_metrics_needs_every_record(summarizer, records):
+    with pytest.raises(ValueError, match="no prediction"):
+        compute_metrics({}, records, summarizer=summarizer, generation={})
+
+
+def test_store_reports_a_broken_line_with_its_number(tmp_path):
+    path = tmp_path / "predictions.jsonl"
+    path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        JsonlPredictionStore(path).load()
+
+
+def test_jsonl_csv_and_parquet_inputs_give_the_same_records(rows, records, tmp_path):
+    jsonl = tmp_path / "data.jsonl"
+    jsonl.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with (tmp_path / "data.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data.parquet")
+    for name in ("data.jsonl", "data.csv", "data.parquet"):
+        assert load_records(file=tmp_path / name) == records, name

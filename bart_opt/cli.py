@@ -209,10 +209,12 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_demo_model(args: argparse.Namespace) -> int:
     """Write the demo checkpoint and say plainly that its summaries are meaningless."""
-    from bart_opt.demo import build_checkpoint
+    from bart_opt.demo import build_checkpoint, write_sample_records
 
-    path = build_checkpoint(args.dir, seed=args.seed)
+    path = build_checkpoint(args.dir, seed=args.seed, init_std=0.2)
+    sample = write_sample_records(path / "sample.jsonl", seed=args.seed)
     print(f"wrote a random demo BART checkpoint to {path}")
+    print(f"wrote {sample} (24 CNN-like records) for: bart-opt evaluate --model {path} --data {sample} --out runs/demo")
     print(DEMO_WARNING)
     return 0
 

@@ -123,3 +123,21 @@ def build_checkpoint(
     )
     model.save_pretrained(str(out), safe_serialization=safe_serialization)
     return out
+
+
+def write_sample_records(path: str | Path, n: int = 24, seed: int = 0) -> Path:
+    """Write `n` CNN/DailyMail-like records (`id`, `article`, `highlights`) as JSONL.
+
+    Highlights are three of the article's sentences, one per line, as in the real dataset.
+    """
+    import json
+
+    rng = random.Random(seed)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as f:
+        for i in range(n):
+            sentences = [random_sentence(rng) for _ in range(rng.randint(4, 30))]
+            highlights = "\n".join(rng.sample(sentences, 3))
+            f.write(json.dumps({"id": f"demo-{i:04d}", "article": " ".join(sentences), "highlights": highlights}) + "\n")
+    return out

@@ -169,7 +169,7 @@ def _greedy(model, batch: int, cross_kv, enc_mask, s: Settings) -> torch.Tensor:
         seqs = torch.cat([seqs, tokens[:, None]], dim=1)
         done = _stop_hits(tokens, cur_len, s)
         cur_len += 1
-        model.log_mem(f"greedy step {cur_len - 1}")
+        model.log_mem("greedy step %d", cur_len - 1)
         if bool(done.all()):
             return out[:, :cur_len]
         if bool(done.any()):
@@ -289,7 +289,7 @@ def _beam_search(model, batch: int, cross_kv, enc_mask, s: Settings) -> torch.Te
         cache.reorder(rows)
         cur_len += 1
         _update_improvable(st, cur_len, s)
-        model.log_mem(f"beam step {cur_len - 1}")
+        model.log_mem("beam step %d", cur_len - 1)
         # An input's result is frozen once no candidate may enter its finished set any more.
         done = ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
         if cur_len >= s.max_length:

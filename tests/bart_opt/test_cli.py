@@ -138,7 +138,9 @@ def test_demo_model_in_a_real_process_without_importing_fastapi(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "meaningless" in proc.stdout
-    assert {"config.json", "generation_config.json", "model.safetensors"} <= {p.name for p in (tmp_path / "demo").iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "sample.jsonl"} <= {
+        p.name for p in (tmp_path / "demo").iterdir()
+    }
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
     assert "bart_opt" in imported and "bart_opt.demo" in imported
     assert not [name for name in imported if name.split(".")[0] in ("fastapi", "app")]
@@ -156,3 +158,18 @@ def test_ctrl_c_during_evaluate_says_how_to_resume(demo_checkpoint, tmp_path, mo
     argv = ["evaluate", "--model", demo_checkpoint, "--data", str(data), "--out", str(tmp_path / "o")]
     assert main(argv) == 130
     assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
+
+
+def test_readme_main_job_evaluates_the_demo_sample(tmp_path, capsys):
+    """The README's first command: demo-model, then evaluate its sample records."""
+    demo = tmp_path / "demo-model"
+    assert main(["demo-model", str(demo)]) == 0
+    out = tmp_path / "runs"
+    argv = ["evaluate", "--model", str(demo), "--data", str(demo / "sample.jsonl"), "--out", str(out),
+            "--limit", "6", "--no-progress"]
+    assert main(argv) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["n_obs"] == 6
+    assert metrics["rouge"]["rougeLsum"]["mid"]["fmeasure"] > 0
+    summaries = [json.loads(line)["prediction"] for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert len(set(summaries)) > 1, "the demo model's summaries should depend on the text"

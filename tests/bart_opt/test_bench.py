@@ -1,0 +1,58 @@
+"""Smoke test of the benchmark script at --size tiny (not timed: only that it runs and reports properly)."""
+
+from __future__ import annotations
+
+import json
+
+from bart_opt import bench
+
+
+def test_tiny_bench_writes_json_table_and_plot(tmp_path, capsys):
+    out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
+    status = bench.main(
+        ["--size", "tiny", "--max-len", "48", "--batch-size", "3", "--repeats", "0", "--threads", "1",
+         "--json", str(out_json), "--plot", str(out_png)]
+    )
+    assert status == 0
+
+    payload = json.loads(out_json.read_text())
+    assert set(payload) == {"config", "results", "ratios", "log_overhead"}
+    assert payload["config"]["batch_size"] == 3 and payload["config"]["max_len"] == 48
+    assert payload["config"]["lengths"][0] == 48 and len(set(payload["config"]["lengths"])) == 3
+
+    rows = {(r["engine"], r["task"]): r for r in payload["results"]}
+    assert set(rows) == {(e, t) for e in bench.ENGINES for t in bench.TASKS}
+    for row in rows.values():
+        assert {"engine", "task", "peak_bytes", "weights_bytes", "seconds"} <= set(row)
+        assert row["peak_bytes"] > 0 and row["seconds"] > 0
+        assert row["peak_source"] == "live_tensors"
+    assert rows["bart_opt", "forward"]["weights_bytes"] == rows["transformers", "forward"]["weights_bytes"]
+    for task in ("generate_9", "throughput_cnn"):
+        ours, ref = rows["bart_opt", task], rows["transformers", task]
+        assert ours["equal_to_transformers"] is True
+        assert ours["generated_tokens"] == ref["generated_tokens"] > 0
+        assert ours["samples_per_s"] == 3 / ours["seconds"]
+    assert rows["bart_opt", "generate_9"]["output_len"] == 10  # decoder start + 9 new tokens
+    assert rows["bart_opt", "throughput_cnn"]["output_len"] >= 57  # min_length 56 after the start token
+
+    ratios = payload["ratios"]
+    assert set(ratios) == set(bench.TASKS)
+    gen = ratios["generate_9"]
+    ours, ref = rows["bart_opt", "generate_9"], rows["transformers", "generate_9"]
+    assert gen["peak"] == ours["peak_bytes"] / ref["peak_bytes"]
+    assert gen["outputs_equal"] is True
+    assert ratios["forward"]["max_abs_logit_diff"] < 1e-3
+
+    overhead = payload["log_overhead"]
+    assert overhead["log_mem_us"] > 0 and overhead["counter_slowdown"] > 0
+
+    printed = capsys.readouterr().out
+    assert "| generate_9 | bart_opt |" in printed and "peak (bart_opt / transformers)" in printed
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_model_folder_is_a_clear_error(tmp_path, capsys):
+    missing = tmp_path / "no-such-model"
+    assert bench.main(["--model", str(missing), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot load" in err and str(missing) in err

@@ -4,7 +4,8 @@ Nothing heavy happens at import: ``app`` is built from the environment's setting
 model loads on the device worker's thread when the app's lifespan starts. Shared objects
 live on ``app.state``: ``settings``, ``metrics`` (:class:`app.metrics.Metrics`, extra series
 through ``metrics.gauge``) and ``service`` (:class:`app.service.SummarizeService`; its
-``worker`` also takes ``Kind.JOB`` work items, its ``summarizer`` is the loaded model).
+``worker`` also takes ``Kind.JOB`` work items, its ``summarizer`` is the loaded model) and
+``jobs`` (:class:`app.jobs.JobService`, the evaluation jobs, resumed when the app starts).
 Every router but health's is included with the API-key dependency.
 """
 
@@ -17,9 +18,10 @@ from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from app.errors import install_error_handlers
+from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from app.routes import health, metrics, summarize
+from app.routes import evaluate, health, metrics, summarize
 from app.security import require_api_key
 from app.service import SummarizerLoader, SummarizeService, load_summarizer
 from app.settings import Settings
@@ -31,14 +33,19 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     settings = settings or Settings()
     registry = Metrics(recent_logs=settings.recent_logs)
     service = SummarizeService(settings, registry, load)
+    jobs = JobService(settings, registry, service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         service.start()
+        jobs.start()
         try:
             yield
         finally:
-            # Uvicorn has already waited for the requests in flight; drain whatever is left.
+            # Uvicorn has already waited for the requests in flight; the job runner writes the
+            # batch on the device and stops (its job resumes on the next start), then the worker
+            # drains whatever is left.
+            await run_in_threadpool(jobs.stop)
             await run_in_threadpool(service.stop)
 
     app = FastAPI(
@@ -50,6 +57,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.state.settings = settings
     app.state.metrics = registry
     app.state.service = service
+    app.state.jobs = jobs
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=registry)
@@ -57,6 +65,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(health.router)
     app.include_router(summarize.router, dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
+    app.include_router(evaluate.router, dependencies=protected)
     return app
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +17,10 @@ from app.service import load_summarizer
 from app.settings import Settings
 from bart_opt.summarizer import Summarizer
 from tests.app.helpers import serving
+
+# Every app the tests build (and every server they start) keeps its evaluation jobs in a
+# throwaway database, never in ./bart_opt_jobs.db where a developer's own jobs may wait.
+os.environ["BART_OPT_DB"] = str(Path(tempfile.mkdtemp(prefix="bart_opt_test_jobs_")) / "jobs.db")
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -1,0 +1,183 @@
+"""Benchmark: an evaluation job through the service against ``bart-opt evaluate``, side by side in one run.
+
+``python -m app.bench_jobs`` builds the demo checkpoint (or takes ``--model``), writes ``--n``
+CNN-like records (token lengths log-normal around ``--median-tokens``, the longer ones cut at
+1024) to a JSONL file, then evaluates them
+
+- with ``bart-opt evaluate --data FILE --out DIR`` in a subprocess, and
+- with ``POST /evaluate {"dataset": {"file": ...}}`` against ``bart-opt serve`` in a subprocess
+  (its own SQLite database and data directory), polling ``GET /evaluate/{id}`` until it succeeds,
+
+with the same model, token budget, batch size and generation settings (the checkpoint's, unless
+overridden). Model loading is left out of both: the command's time is the evaluation loop's
+wall time (``wall_s_last_run`` of its metrics), the service's the job's ``started_at`` to
+``finished_at``. It checks that both wrote the same predictions and ROUGE, and prints a markdown
+table with seconds per example and the service's overhead per example against the command:
+once on wall time, and once on the time spent outside the model (wall time minus the summed
+per-example model work), which a busy machine's noise in model speed does not swamp.
+
+    python -m app.bench_jobs                      # 200 records, the demo model's settings
+    python -m app.bench_jobs --n 20 --max-length 12 --repeats 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+
+from app.bench_load import ServerProcess
+
+DEFAULT_BATCH_TOKENS = 16384
+DEFAULT_BATCH_SIZE = 32
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m app.bench_jobs", description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=200, help="records (default 200)")
+    p.add_argument("--median-tokens", type=int, default=800, help="median article length in tokens (default 800)")
+    p.add_argument("--sigma", type=float, default=0.5, help="log-normal spread of the lengths (default 0.5)")
+    p.add_argument("--model", help="a checkpoint folder (default: the demo checkpoint, built here)")
+    p.add_argument("--max-batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS)
+    p.add_argument("--max-batch-size", type=int, default=DEFAULT_BATCH_SIZE)
+    p.add_argument("--max-length", type=int, help="summary length cap (default: the checkpoint's)")
+    p.add_argument("--num-beams", type=int, help="beams (default: the checkpoint's)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run both arms this many times, alternating; the best time of each is kept")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads of both processes (default 1: on a busy machine more threads make the "
+                        "timing of a small model mostly noise)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", dest="json_path", help="write the results here")
+    return p.parse_args(argv)
+
+
+def write_records(path: Path, model: str, n: int, median_tokens: int, sigma: float, seed: int) -> None:
+    """CNN/DailyMail-shaped JSONL (id, article, highlights) with CNN-like article lengths."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from bart_opt.bench_batching import cnn_like_articles
+    from bart_opt.demo import random_sentence
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    articles = cnn_like_articles(tokenizer, n, median_tokens, sigma, seed)
+    rng = random.Random(seed + 1)
+    with path.open("w", encoding="utf-8") as f:
+        for i, article in enumerate(articles):
+            highlights = "\n".join(random_sentence(rng) for _ in range(3))
+            f.write(json.dumps({"id": f"cnn-{i:04d}", "article": article, "highlights": highlights}) + "\n")
+
+
+def run_cli(model: str, data: Path, out: Path, args: argparse.Namespace, generation: dict) -> dict:
+    """``bart-opt evaluate`` into a fresh `out`; its metrics and predictions."""
+    command = [sys.executable, "-m", "bart_opt.cli", "evaluate", "--model", model, "--data", str(data),
+               "--out", str(out), "--no-progress", "--max-batch-tokens", str(args.max_batch_tokens),
+               "--max-batch-size", str(args.max_batch_size)]
+    for key, value in generation.items():
+        command += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": str(args.threads)}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"bart-opt evaluate failed:\n{done.stderr}")
+    metrics = json.loads(done.stdout)
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    return {"seconds": metrics["wall_s_last_run"], "runtime_s": metrics["runtime_s"], "rouge": metrics["rouge"],
+            "predictions": {row["id"]: row["prediction"] for row in predictions}}
+
+
+def run_service(model: str, data_dir: Path, db: Path, log: Path, args: argparse.Namespace, generation: dict) -> dict:
+    """One job through a fresh ``bart-opt serve``; the job's wall time, metrics and predictions."""
+    settings = {"db": db, "data_dir": data_dir, "max_batch_tokens": args.max_batch_tokens,
+                "max_batch_size": args.max_batch_size, "torch_threads": args.threads}
+    server = ServerProcess(model, log, settings)
+    server.env["OMP_NUM_THREADS"] = str(args.threads)  # as the command gets it
+    with server:
+        body = {"dataset": {"file": "cnn.jsonl"}, "generation": generation}
+        submitted = time.perf_counter()
+        response = httpx.post(f"{server.url}/evaluate", json=body, timeout=60)
+        response.raise_for_status()
+        job_id = response.json()["id"]
+        while True:
+            view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=60).json()
+            if view["status"] not in ("queued", "running"):
+                break
+            time.sleep(0.5)
+        observed = time.perf_counter() - submitted
+        if view["status"] != "succeeded":
+            raise RuntimeError(f"job ended {view['status']}: {view['error']}\n{server.log()}")
+        lines = httpx.get(f"{server.url}/evaluate/{job_id}/predictions", timeout=60).text.splitlines()
+    started, finished = (datetime.fromisoformat(view[key]) for key in ("started_at", "finished_at"))
+    predictions = [json.loads(line) for line in lines]
+    return {"seconds": (finished - started).total_seconds(), "runtime_s": view["timing"]["runtime_s"],
+            "observed_s": observed, "rouge": view["rouge"],
+            "predictions": {row["id"]: row["prediction"] for row in predictions}}
+
+
+def table(n: int, cli: dict, service: dict) -> str:
+    """The markdown table of the best run of each arm, and the two overhead figures."""
+    per_cli, per_service = cli["seconds"] / n, service["seconds"] / n
+    outside = {arm: (run["seconds"] - run["runtime_s"]) / n for arm, run in (("cli", cli), ("service", service))}
+    extra = outside["service"] - outside["cli"]
+    rows = [
+        "| path | examples | wall s (loop) | model work s | s / example | outside the model, ms / example |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| `bart-opt evaluate` | {n} | {cli['seconds']:.2f} | {cli['runtime_s']:.2f} | {per_cli:.4f} "
+        f"| {outside['cli'] * 1000:.1f} |",
+        f"| `POST /evaluate` job | {n} | {service['seconds']:.2f} | {service['runtime_s']:.2f} | {per_service:.4f} "
+        f"| {outside['service'] * 1000:.1f} |",
+        "",
+        f"service overhead per example, wall time: {per_service / per_cli - 1:+.1%} "
+        f"({(per_service - per_cli) * 1000:+.1f} ms)",
+        f"service overhead per example outside the model (insensitive to the model's speed on a busy machine): "
+        f"{extra / per_cli:+.1%} ({extra * 1000:+.1f} ms)",
+    ]
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    generation = {k: v for k, v in (("max_length", args.max_length), ("num_beams", args.num_beams)) if v is not None}
+    with tempfile.TemporaryDirectory(prefix="bench_jobs_") as tmp:
+        root = Path(tmp)
+        model = args.model
+        if model is None:
+            from bart_opt.demo import build_checkpoint
+
+            model = str(build_checkpoint(root / "model"))
+        data_dir = root / "data"
+        data_dir.mkdir()
+        write_records(data_dir / "cnn.jsonl", model, args.n, args.median_tokens, args.sigma, args.seed)
+        runs: dict[str, list[dict]] = {"cli": [], "service": []}
+        for repeat in range(args.repeats):
+            runs["cli"].append(run_cli(model, data_dir / "cnn.jsonl", root / f"cli-{repeat}", args, generation))
+            db, log = root / f"jobs-{repeat}.db", root / f"serve-{repeat}.log"
+            runs["service"].append(run_service(model, data_dir, db, log, args, generation))
+            print(f"repeat {repeat + 1}/{args.repeats}: cli {runs['cli'][-1]['seconds']:.2f} s, "
+                  f"service {runs['service'][-1]['seconds']:.2f} s", file=sys.stderr)
+    cli, service = (min(runs[arm], key=lambda run: run["seconds"]) for arm in ("cli", "service"))
+    same = cli["predictions"] == service["predictions"] and cli["rouge"] == service["rouge"]
+    print(f"{args.n} CNN-like records, model {args.model or 'demo (random weights)'}, generation "
+          f"{generation or 'checkpoint defaults'}, max_batch_tokens {args.max_batch_tokens}, "
+          f"max_batch_size {args.max_batch_size}, {args.threads} torch thread(s), best of {args.repeats}\n")
+    print(table(args.n, cli, service))
+    print(f"\nsame predictions and ROUGE: {same}; job seen by the client (submit to succeeded, 0.5 s polls): "
+          f"{service['observed_s']:.2f} s")
+    if args.json_path:
+        result = {"n": args.n, "generation": generation, "same_output": same,
+                  **{arm: [{k: v for k, v in run.items() if k != "predictions"} for run in runs[arm]] for arm in runs}}
+        Path(args.json_path).write_text(json.dumps(result, indent=2) + "\n")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Safe resolution of ``{"file": ...}`` dataset paths inside ``BART_OPT_DATA_DIR``.
+
+A job may read only files under the data directory. The name a client sends is checked as
+text first (relative, no ``..``, no drive or NUL), then resolved with every symlink followed
+and checked again against the data directory's own resolved path; only the resolved path is
+ever handed to a reader. Nothing is opened before both checks pass.
+
+Limit: a symlink swapped in *between* this check and the read (by someone who can write to
+the data directory) is not caught; the data directory is trusted to be written only by its
+operator.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath, PureWindowsPath
+
+
+class PathRefused(ValueError):
+    """A dataset file name that is not allowed (absolute, ``..``, or leading out of the data directory)."""
+
+
+class DataFileMissing(FileNotFoundError):
+    """A dataset file name that is allowed but names no regular file inside the data directory."""
+
+
+def resolve_data_file(data_dir: str | os.PathLike, name: str) -> Path:
+    """The real path of `name` inside `data_dir`, or an error saying why it is refused.
+
+    Raises:
+        PathRefused: `name` is empty, absolute, has a drive, a NUL byte or a ``..`` part,
+            or resolves (through symlinks) to a place outside `data_dir`.
+        DataFileMissing: the data directory or the file does not exist, or is not a regular file.
+    """
+    _check_name(name)
+    base = Path(data_dir)
+    if not base.is_dir():
+        raise DataFileMissing(f"the data directory {str(base)!r} (BART_OPT_DATA_DIR) does not exist")
+    real_base = base.resolve(strict=True)
+    real = (real_base / name).resolve(strict=False)
+    if not real.is_relative_to(real_base):
+        raise PathRefused(
+            f"{name!r} leads outside the data directory (through a symlink); only files inside it can be read"
+        )
+    if not real.exists():
+        raise DataFileMissing(f"no file {name!r} in the data directory")
+    if not real.is_file():
+        raise DataFileMissing(f"{name!r} in the data directory is not a regular file")
+    return real
+
+
+def _check_name(name: str) -> None:
+    """Refuse names that could point anywhere but below the data directory, before any lookup."""
+    if not isinstance(name, str) or not name.strip():
+        raise PathRefused("the file name is empty")
+    if "\x00" in name:
+        raise PathRefused("the file name contains a NUL byte")
+    posix, windows = PurePosixPath(name), PureWindowsPath(name)
+    if posix.is_absolute() or windows.is_absolute() or windows.drive or name.startswith(("/", "\\")):
+        raise PathRefused(f"{name!r} is an absolute path; give a path relative to the data directory")
+    if ".." in posix.parts or ".." in windows.parts:
+        raise PathRefused(f"{name!r} contains '..'; give a path inside the data directory")

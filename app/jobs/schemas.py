@@ -1,0 +1,150 @@
+"""Request and response bodies of the evaluation-job routes (``/evaluate``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.schemas import GenerationOptions, RougeAggregate
+
+SOURCES = ("hub", "file", "records")
+
+# Column defaults per source: CNN/DailyMail's names for hub datasets and files, the names of
+# the inline record shape ``{"id", "text", "reference"}`` for records.
+DEFAULT_COLUMNS = {
+    "hub": {"text": "article", "summary": "highlights", "id": "id"},
+    "file": {"text": "article", "summary": "highlights", "id": "id"},
+    "records": {"text": "text", "summary": "reference", "id": "id"},
+}
+
+
+class DatasetSpec(BaseModel):
+    """Exactly one source: ``{"hub", "config", "split"}``, ``{"file"}`` or ``{"records"}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hub: str | None = Field(None, min_length=1, description="Hugging Face dataset, e.g. abisee/cnn_dailymail.")
+    config: str | None = Field(None, description="Hub dataset configuration, e.g. 3.0.0.")
+    split: str = Field("test", min_length=1, description="Hub dataset split.")
+    file: str | None = Field(None, description="JSONL / JSON / CSV / Parquet file, relative to BART_OPT_DATA_DIR.")
+    records: list[dict[str, Any]] | None = Field(None, min_length=1, description="Inline records.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSpec:
+        given = [name for name in SOURCES if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of hub, file or records (got {', '.join(given) or 'none'})")
+        if self.source != "hub" and ({"config", "split"} & self.model_fields_set):
+            raise ValueError("config and split apply to hub datasets only")
+        return self
+
+    @property
+    def source(self) -> str:
+        """Which of hub, file, records is given."""
+        return next(name for name in SOURCES if getattr(self, name) is not None)
+
+    def describe(self) -> dict:
+        """The source as stored and shown with the job (inline records as their count)."""
+        if self.source == "hub":
+            return {"hub": self.hub, "config": self.config, "split": self.split}
+        if self.source == "file":
+            return {"file": self.file}
+        return {"records": len(self.records)}
+
+
+class EvaluateRequest(BaseModel):
+    """``POST /evaluate`` body.
+
+    Column names default per source (``article`` / ``highlights`` / ``id`` for hub and
+    files; ``text`` / ``reference`` / ``id`` for inline records). ``summary_column: null``
+    evaluates without references (no ROUGE). A missing id column numbers the records.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: DatasetSpec
+    text_column: str | None = Field(None, min_length=1)
+    summary_column: str | None = Field(None, min_length=1)
+    id_column: str | None = Field(None, min_length=1)
+    limit: int | None = Field(None, ge=1, description="Evaluate only the first N records.")
+    generation: GenerationOptions | None = Field(None, description="Overrides of the generation defaults.")
+
+    def columns(self) -> dict:
+        """The effective column names: given ones, else the source's defaults."""
+        defaults = DEFAULT_COLUMNS[self.dataset.source]
+        summary = self.summary_column if "summary_column" in self.model_fields_set else defaults["summary"]
+        text, record_id = self.text_column or defaults["text"], self.id_column or defaults["id"]
+        return {"text": text, "summary": summary, "id": record_id}
+
+
+class Progress(BaseModel):
+    """How far a job is: examples done (``failed`` of them have an error instead of a summary),
+    examples per second over the time it has run, and the seconds it should still need."""
+
+    done: int
+    failed: int
+    total: int
+    rate: float | None
+    eta_s: float | None
+
+
+class BatchMemory(BaseModel):
+    """One finished batch: its size, device memory peak and device seconds."""
+
+    batch: int
+    run: int
+    size: int
+    peak_bytes: int
+    seconds: float
+    queue_s: float
+
+
+class JobMemory(BaseModel):
+    """Device memory peak over the job's batches (and per batch on the detail view)."""
+
+    peak_bytes: int
+    device: str | None = None
+    peak_source: str | None = None
+    batches: list[BatchMemory] | None = None
+
+
+class JobTiming(BaseModel):
+    """Seconds. ``runtime_s``: summed work time of the examples (as ``bart-opt evaluate``
+    reports it); ``active_s``: wall time the job spent running; ``queue_s``: from
+    submission to first start."""
+
+    runtime_s: float
+    seconds_per_sample: float | None
+    active_s: float
+    queue_s: float | None
+
+
+class JobView(BaseModel):
+    """An evaluation job as the API shows it."""
+
+    id: str
+    status: str
+    model: str
+    dataset: dict
+    columns: dict
+    limit: int | None
+    generation: dict
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+    progress: Progress
+    rouge: RougeAggregate | None
+    memory: JobMemory
+    timing: JobTiming
+    tokens: dict | None = None
+    padding: dict | None = None
+    error: str | None
+    runs: int
+    links: dict[str, str]
+
+
+class JobList(BaseModel):
+    """``GET /evaluate``: jobs, newest first (without per-batch memory)."""
+
+    jobs: list[JobView]

@@ -1,0 +1,83 @@
+"""Evaluation jobs: ``POST|GET /evaluate``, ``GET|DELETE /evaluate/{id}``, ``GET /evaluate/{id}/predictions``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.jobs.schemas import EvaluateRequest, JobList, JobView
+from app.jobs.service import JobService
+
+router = APIRouter(tags=["evaluate"])
+
+_ERRORS = {
+    401: {"description": "API key set and bearer token missing or wrong"},
+    404: {"description": "No such job"},
+}
+_SUBMIT_ERRORS = {
+    200: {"description": "Idempotency-Key seen before: the existing job", "model": JobView},
+    401: _ERRORS[401],
+    409: {"description": "Idempotency-Key already used for a different request"},
+    413: {"description": "Body larger than MAX_REQUEST_BYTES"},
+    422: {"description": "Invalid request: generation option, refused or missing file, missing column, bad records"},
+    502: {"description": "Hub dataset could not be loaded"},
+    503: {"description": "Model not loaded yet, failed to load, or shutting down"},
+}
+
+
+def _jobs(request: Request) -> JobService:
+    return request.app.state.jobs
+
+
+@router.post("/evaluate", status_code=202, response_model=JobView, responses=_SUBMIT_ERRORS)
+async def submit(
+    body: EvaluateRequest,
+    request: Request,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> dict:
+    """Queue an evaluation job (202 + Location). A known ``Idempotency-Key`` answers 200 with that job."""
+    view, created = await run_in_threadpool(_jobs(request).submit, body, idempotency_key)
+    response.headers["Location"] = view["links"]["self"]
+    if not created:
+        response.status_code = 200
+        response.headers["Idempotent-Replayed"] = "true"
+    return view
+
+
+@router.get("/evaluate", response_model=JobList, responses={401: _ERRORS[401]})
+async def list_jobs(
+    request: Request,
+    status: str | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> dict:
+    """Jobs, newest first; ``?status=running`` filters."""
+    return await run_in_threadpool(_jobs(request).list, status, limit)
+
+
+@router.get("/evaluate/{job_id}", response_model=JobView, responses=_ERRORS)
+async def get_job(job_id: str, request: Request) -> dict:
+    """Status, progress and, once finished, ROUGE, memory, timing and settings of one job."""
+    return await run_in_threadpool(_jobs(request).get, job_id)
+
+
+@router.get(
+    "/evaluate/{job_id}/predictions",
+    response_class=StreamingResponse,
+    responses={**_ERRORS, 200: {"content": {"application/x-ndjson": {}}, "description": "One JSON object per line"}},
+)
+async def predictions(job_id: str, request: Request) -> StreamingResponse:
+    """The predictions stored so far, one JSON line per example in record order."""
+    lines = await run_in_threadpool(_jobs(request).prediction_lines, job_id)
+    return StreamingResponse(lines, media_type="application/x-ndjson")
+
+
+@router.delete(
+    "/evaluate/{job_id}", response_model=JobView, responses={**_ERRORS, 409: {"description": "Job already ended"}}
+)
+async def cancel(job_id: str, request: Request) -> dict:
+    """Cancel a queued or running job; predictions already stored are kept."""
+    return await run_in_threadpool(_jobs(request).cancel, job_id)

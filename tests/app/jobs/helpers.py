@@ -1,0 +1,121 @@
+"""Helpers and fixtures of the evaluation-job tests (shared by tests/app/jobs and tests/app/routes/test_evaluate.py)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+import threading
+import time
+
+import pytest
+from fastapi import FastAPI
+
+from app.main import create_app
+from app.service import load_summarizer
+from app.settings import Settings
+from bart_opt.demo import random_article, random_sentence
+from bart_opt.evaluate import compute_metrics, iter_predictions
+
+
+def cnn_rows(n: int, seed: int = 0) -> list[dict]:
+    """`n` CNN/DailyMail-shaped rows: id, article, highlights (sentences joined by newlines)."""
+    rng = random.Random(seed)
+    return [
+        {"id": f"doc-{i}", "article": random_article(rng, rng.randint(1, 6)),
+         "highlights": "\n".join(random_sentence(rng) for _ in range(2))}
+        for i in range(n)
+    ]
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    """An empty BART_OPT_DATA_DIR."""
+    path = tmp_path / "data"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def write_jsonl(data_dir):
+    """`write_jsonl(name, rows)` writes rows into the data dir and returns the path."""
+
+    def _write(name: str, rows: list[dict]):
+        path = data_dir / name
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+        return path
+
+    return _write
+
+
+@pytest.fixture
+def make_jobs_app(demo_checkpoint, tmp_path, data_dir):
+    """`make_jobs_app(load=..., **settings)`: an app with jobs, its own DB and the data dir."""
+
+    def _make(*, load=load_summarizer, **overrides) -> FastAPI:
+        settings = {"model": demo_checkpoint, "db": str(tmp_path / "jobs.db"), "data_dir": str(data_dir), **overrides}
+        return create_app(Settings(**settings), load=load)
+
+    return _make
+
+
+class Stepper:
+    """A Summarizer `before_model_call` hook that lets model calls through one permit at a time.
+
+    `sizes` lists the number of inputs of each call that reached the hook, in arrival order;
+    `allow(n)` lets `n` more calls run; `wait_arrived(n)` blocks until `n` calls have arrived.
+    """
+
+    def __init__(self) -> None:
+        self._permits = threading.Semaphore(0)
+        self._arrived = threading.Condition()
+        self.sizes: list[int] = []
+
+    def __call__(self, positions: list[int]) -> None:
+        with self._arrived:
+            self.sizes.append(len(positions))
+            self._arrived.notify_all()
+        if not self._permits.acquire(timeout=60):
+            raise TimeoutError("no permit for this model call")
+
+    def allow(self, n: int = 1) -> None:
+        for _ in range(n):
+            self._permits.release()
+
+    def wait_arrived(self, n: int, timeout: float = 60) -> None:
+        with self._arrived:
+            arrived = self._arrived.wait_for(lambda: len(self.sizes) >= n, timeout)
+            assert arrived, f"only {len(self.sizes)} calls arrived"
+
+    def loader(self):
+        """A `create_app(load=...)` loader whose Summarizer calls this hook before each model call."""
+        return functools.partial(load_summarizer, before_model_call=self)
+
+
+def wait_for_job(client, job_id: str, until=("succeeded", "failed", "cancelled"), timeout: float = 120) -> dict:
+    """Poll GET /evaluate/{id} until its status is in `until` (or `until(view)` holds); return the view."""
+    check = until if callable(until) else (lambda view: view["status"] in until)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = client.get(f"/evaluate/{job_id}")
+        assert response.status_code == 200, response.text
+        view = response.json()
+        if check(view):
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} never got there: {view['status']}, {view['progress']}")
+
+
+def evaluate_directly(summarizer, records, generation) -> tuple[dict, dict]:
+    """What `bart-opt evaluate` computes for these records: rows by id, and the metrics."""
+    rows = {row["id"]: row for batch in iter_predictions(summarizer, records, generation) for row in batch.rows}
+    settings = summarizer.generation_settings(generation)
+    return rows, compute_metrics(rows, records, summarizer=summarizer, generation=settings)
+
+
+def prediction_rows(client, job_id: str) -> list[dict]:
+    """GET /evaluate/{id}/predictions, parsed line by line."""
+    response = client.get(f"/evaluate/{job_id}/predictions")
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    return [json.loads(line) for line in response.text.splitlines()]

@@ -1,0 +1,84 @@
+"""A real server killed with SIGKILL in the middle of a job, started again: every example once, same ROUGE."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+
+import httpx
+import torch
+
+from app.bench_load import ServerProcess
+from bart_opt.data import load_records
+from bart_opt.evaluate import run_evaluation
+from bart_opt.summarizer import Summarizer
+from tests.app.jobs.helpers import cnn_rows
+
+# One input per model call makes the job long enough to kill halfway and its summaries
+# independent of how the batches fall after the restart.
+SETTINGS = {"max_batch_size": 1, "torch_threads": 1}
+GENERATION = {"num_beams": 2, "max_length": 12, "min_length": 2}
+N = 24
+
+
+def poll(server: ServerProcess, job_id: str, until, timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=10).json()
+        if until(view):
+            return view
+        time.sleep(0.02)
+    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
+
+
+def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_rouge(demo_checkpoint, tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    path = data_dir / "cnn.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in cnn_rows(N, seed=20)))
+    db = tmp_path / "jobs.db"
+    settings = {**SETTINGS, "db": db, "data_dir": data_dir}
+    body = {"dataset": {"file": "cnn.jsonl"}, "generation": GENERATION}
+    key = {"Idempotency-Key": "crash-test"}
+
+    with ServerProcess(demo_checkpoint, tmp_path / "first.log", settings) as server:
+        submitted = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
+        assert submitted.status_code == 202, server.log()
+        job_id = submitted.json()["id"]
+        poll(server, job_id, lambda view: view["progress"]["done"] >= 4)
+        server.process.kill()  # SIGKILL: no shutdown code runs
+        server.process.wait(30)
+    with sqlite3.connect(db) as connection:
+        done_before = connection.execute("SELECT done FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+    assert 4 <= done_before < N, "the job was not killed in the middle"
+
+    with ServerProcess(demo_checkpoint, tmp_path / "second.log", settings) as server:
+        view = poll(server, job_id, lambda view: view["status"] not in ("queued", "running"))
+        lines = httpx.get(f"{server.url}/evaluate/{job_id}/predictions", timeout=30).text.splitlines()
+        replay = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
+    assert view["status"] == "succeeded", view["error"]
+    progress = view["progress"]
+    assert view["runs"] == 2 and (progress["done"], progress["failed"], progress["total"]) == (N, 0, N)
+    assert replay.status_code == 200 and replay.json()["id"] == job_id
+
+    rows = [json.loads(line) for line in lines]
+    records = load_records(file=path)
+    assert [row["id"] for row in rows] == [record.id for record in records]  # each example exactly once
+    with sqlite3.connect(db) as connection:
+        query = "SELECT run, COUNT(*) FROM predictions WHERE job_id = ? GROUP BY run"
+        per_run = dict(connection.execute(query, (job_id,)))
+    assert per_run == {1: done_before, 2: N - done_before}  # nothing done before the kill was redone
+
+    summarizer = Summarizer.from_pretrained(demo_checkpoint, max_batch_size=1)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(SETTINGS["torch_threads"])  # as the server ran; a tiny model is slower on more
+    try:
+        uninterrupted = run_evaluation(summarizer, records, tmp_path / "cli", GENERATION, progress=False)
+    finally:
+        torch.set_num_threads(threads)
+    cli_lines = (tmp_path / "cli" / "predictions.jsonl").read_text().splitlines()
+    cli_rows = {row["id"]: row for row in map(json.loads, cli_lines)}
+    assert {row["id"]: row["prediction"] for row in rows} == {k: row["prediction"] for k, row in cli_rows.items()}
+    assert view["rouge"] == uninterrupted["rouge"]
+    assert view["tokens"] == uninterrupted["tokens"] and view["generation"] == uninterrupted["generation"]

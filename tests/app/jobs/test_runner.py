@@ -1,0 +1,121 @@
+"""The job runner inside the app: failing batches and records, out of memory, stop and resume, model checks."""
+
+from __future__ import annotations
+
+import functools
+
+from app.jobs.store import JobStore, NewJob
+from app.service import load_summarizer
+from bart_opt.data import Record, load_records
+from tests.app.helpers import FAST, serving
+from tests.app.jobs.helpers import Stepper, cnn_rows, evaluate_directly, prediction_rows, wait_for_job
+
+
+class FakeOOM(RuntimeError):
+    """Stands in for torch.cuda.OutOfMemoryError on CPU."""
+
+
+def failing_loader(fail, **options):
+    """A loader whose Summarizer calls `fail(positions)` before each model call; counts the calls."""
+    calls = []
+
+    def hook(positions):
+        calls.append(len(positions))
+        fail(positions)
+
+    return functools.partial(load_summarizer, before_model_call=hook, **options), calls
+
+
+def submit_file(client, name: str, **body) -> str:
+    response = client.post("/evaluate", json={"dataset": {"file": name}, "generation": FAST, **body})
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def test_a_failing_batch_is_retried_record_by_record(make_jobs_app, write_jsonl, direct):
+    path = write_jsonl("four.jsonl", cnn_rows(4, seed=10))
+
+    def fail_batches(positions):
+        if len(positions) > 1:
+            raise RuntimeError("this batch is cursed")
+
+    load, calls = failing_loader(fail_batches)
+    with serving(make_jobs_app(load=load, max_batch_size=2)) as client:
+        view = wait_for_job(client, submit_file(client, "four.jsonl"))
+    assert view["status"] == "succeeded" and view["progress"]["failed"] == 0
+    assert [batch["size"] for batch in view["memory"]["batches"]] == [1, 1, 1, 1]
+    assert calls == [2, 1, 1, 2, 1, 1]
+    _, metrics = evaluate_directly(direct, load_records(file=path), FAST)
+    assert view["rouge"] == metrics["rouge"]
+
+
+def test_records_that_fail_alone_are_stored_with_the_reason_and_a_run_of_them_fails_the_job(make_jobs_app, write_jsonl):
+    write_jsonl("nine.jsonl", cnn_rows(9, seed=11))
+
+    def always(positions):
+        raise ValueError("the device is on fire")
+
+    load, calls = failing_loader(always)
+    with serving(make_jobs_app(load=load, max_batch_size=2)) as client:
+        job_id = submit_file(client, "nine.jsonl")
+        view = wait_for_job(client, job_id)
+        rows = prediction_rows(client, job_id)
+    assert view["status"] == "failed"
+    assert "5 examples in a row failed" in view["error"] and "the device is on fire" in view["error"]
+    assert view["progress"]["done"] == view["progress"]["failed"] == 5 and view["rouge"] is None
+    assert len(calls) <= 2 * 5  # each record tried at most once in its batch and once alone
+    assert len(rows) == 5 and all(row["prediction"] == "" and "on fire" in row["error"] for row in rows)
+
+
+def test_an_input_out_of_memory_even_alone_is_a_failed_record_not_a_loop(make_jobs_app, write_jsonl):
+    write_jsonl("three.jsonl", cnn_rows(3, seed=12))
+
+    def out_of_memory(positions):
+        raise FakeOOM("CUDA out of memory (simulated)")
+
+    load, calls = failing_loader(out_of_memory, oom_errors=(FakeOOM,))
+    with serving(make_jobs_app(load=load, max_batch_size=4)) as client:
+        job_id = submit_file(client, "three.jsonl")
+        view = wait_for_job(client, job_id)
+        rows = prediction_rows(client, job_id)
+    assert view["status"] == "succeeded" and view["progress"]["failed"] == 3 and view["rouge"] is None
+    assert all(row["error"] and "out of memory" in row["error"] for row in rows)
+    assert max(calls) == 3 and calls.count(1) == 3  # halved down to one input, each tried once alone
+
+
+def test_a_stopped_service_resumes_its_job_where_it_stopped(make_jobs_app, write_jsonl, direct):
+    path = write_jsonl("six.jsonl", cnn_rows(6, seed=13))
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), max_batch_size=2)
+    with serving(app) as client:
+        try:
+            job_id = submit_file(client, "six.jsonl")
+            stepper.allow(1)
+            wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] == 2)
+            stepper.wait_arrived(2)
+            app.state.jobs.runner.stop(timeout=0)  # stopping begins while batch 2 is on the device
+        finally:
+            stepper.allow(100)
+        app.state.jobs.runner.stop(timeout=60)
+        stopped = client.get(f"/evaluate/{job_id}").json()
+    assert stopped["status"] == "running" and stopped["progress"]["done"] == 4  # batch 2 was kept
+    with serving(make_jobs_app(max_batch_size=2)) as client:
+        view = wait_for_job(client, job_id)
+        rows = prediction_rows(client, job_id)
+    assert view["status"] == "succeeded" and view["runs"] == 2
+    assert [(batch["run"], batch["size"]) for batch in view["memory"]["batches"]] == [(1, 2), (1, 2), (2, 2)]
+    expected_rows, metrics = evaluate_directly(direct, load_records(file=path), FAST)
+    assert [row["id"] for row in rows] == [f"doc-{i}" for i in range(6)]
+    assert {row["id"]: row["prediction"] for row in rows} == {k: v["prediction"] for k, v in expected_rows.items()}
+    assert view["rouge"] == metrics["rouge"]
+
+
+def test_a_job_for_another_model_is_failed_on_resume(make_jobs_app, tmp_path):
+    store = JobStore(tmp_path / "jobs.db")
+    store.initialize()
+    store.create(NewJob(id="old", request_hash="h", model="some/other-model", dataset={"records": 1},
+                        columns={"text": "text", "summary": "reference", "id": "id"}, limit=None,
+                        generation={"num_beams": 1}), [Record("1", "a text", "a summary")])
+    with serving(make_jobs_app()) as client:
+        view = wait_for_job(client, "old")
+    assert view["status"] == "failed" and "some/other-model" in view["error"] and view["progress"]["done"] == 0

@@ -1,6 +1,8 @@
 # bart-opt HTTP service on a CUDA PyTorch runtime.
 #   docker build -t bart-opt .
 #   docker run --gpus all -p 8000:8000 -v bart-opt-hf:/cache/huggingface bart-opt
+# Evaluation jobs: their SQLite database is on the /var/lib/bart-opt volume; files for
+# POST /evaluate {"dataset": {"file": ...}} are read from /data (-v "$PWD/data:/data:ro").
 # Settings are BART_OPT_* environment variables (docker run -e BART_OPT_API_KEY=...).
 FROM pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 
@@ -9,7 +11,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TOKENIZERS_PARALLELISM=false \
-    HF_HOME=/cache/huggingface
+    HF_HOME=/cache/huggingface \
+    BART_OPT_DB=/var/lib/bart-opt/jobs.db \
+    BART_OPT_DATA_DIR=/data
 
 WORKDIR /opt/bart-opt
 COPY pyproject.toml README.md ./
@@ -18,12 +22,12 @@ COPY app ./app
 # torch comes with the base image (it satisfies pyproject's torch requirement); pip adds the rest.
 RUN pip install . \
  && useradd --create-home --uid 10001 bartopt \
- && mkdir -p /cache/huggingface \
- && chown bartopt /cache/huggingface
+ && mkdir -p /cache/huggingface /var/lib/bart-opt /data \
+ && chown bartopt /cache/huggingface /var/lib/bart-opt
 
 USER bartopt
 # Model downloads (facebook/bart-large-cnn on first start) land here; keep it on a volume.
-VOLUME ["/cache/huggingface"]
+VOLUME ["/cache/huggingface", "/var/lib/bart-opt"]
 EXPOSE 8000
 
 # /health answers while the model loads; the start period covers a first download.

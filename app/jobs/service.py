@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import re
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -45,6 +46,7 @@ class JobService:
         self.store = JobStore(settings.db)
         self.runner = JobRunner(self.store, summarize)
         self._started = False
+        self.unavailable: str | None = None  # why the job routes answer 503, when the database cannot be opened
         metrics.gauge("jobs_running", "Evaluation jobs running now.").set_function(lambda: self._count("running"))
         metrics.gauge("jobs_queued", "Evaluation jobs waiting to run.").set_function(lambda: self._count("queued"))
         metrics.gauge(
@@ -54,9 +56,18 @@ class JobService:
     # ---- life cycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open the store, requeue the jobs a stopped or killed process left running, start the runner."""
-        self.store.initialize()
-        resumed = self.store.requeue_interrupted()
+        """Open the store, requeue the jobs a stopped or killed process left running, start the runner.
+
+        A database that cannot be opened disables the job routes (503 with the reason) but not
+        the rest of the service.
+        """
+        try:
+            self.store.initialize()
+            resumed = self.store.requeue_interrupted()
+        except (sqlite3.Error, OSError) as error:
+            self.unavailable = f"the jobs database {str(self.store.path)!r} (BART_OPT_DB) cannot be opened: {error}"
+            logger.error("evaluation jobs disabled: %s", self.unavailable)
+            return
         if resumed:
             logger.info("resuming %d interrupted job(s): %s", len(resumed), ", ".join(resumed))
         self.runner.start()
@@ -69,6 +80,10 @@ class JobService:
     def _count(self, status: str) -> int:
         return self.store.counts()[status] if self._started else 0
 
+    def _check_available(self) -> None:
+        if self.unavailable is not None:
+            raise ApiError(503, "jobs_unavailable", self.unavailable)
+
     # ---- the routes' operations -------------------------------------------------------------
 
     def submit(self, body: EvaluateRequest, idempotency_key: str | None) -> tuple[dict, bool]:
@@ -77,6 +92,7 @@ class JobService:
         Raises ApiError: 503 before the model is loaded, 409 for a key used with another body,
         422 for bad generation options, a refused or missing file, a missing column, bad records.
         """
+        self._check_available()
         self.summarize.check_ready()
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
             raise ApiError(422, "invalid_request", "Idempotency-Key: must be 1 to 255 visible ASCII characters",
@@ -109,6 +125,7 @@ class JobService:
 
     def list(self, status: str | None = None, limit: int = 100) -> dict:
         """Jobs, newest first, optionally only one status."""
+        self._check_available()
         if status is not None and status not in STATUSES:
             raise ApiError(422, "invalid_request", f"status: must be one of {', '.join(STATUSES)}", field="status")
         return {"jobs": [self.view(job) for job in self.store.list(status, limit)]}
@@ -132,6 +149,7 @@ class JobService:
     # ---- helpers -----------------------------------------------------------------------------
 
     def _job(self, job_id: str) -> dict:
+        self._check_available()
         job = self.store.get(job_id)
         if job is None:
             raise ApiError(404, "job_not_found", f"no evaluation job {job_id!r}")

@@ -310,3 +310,17 @@ def test_hub_datasets_load_through_load_records_and_a_failure_is_a_clean_502(app
     assert error["code"] == "dataset_unavailable" and "no network here" in error["message"]
     assert calls == [{"hub": "abisee/cnn_dailymail", "config": "3.0.0", "split": "test", "text_column": "article",
                       "summary_column": "highlights", "id_column": "id", "limit": 10}]
+
+
+def test_a_jobs_database_that_cannot_be_opened_disables_only_the_job_routes(make_jobs_app, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    with serving(make_jobs_app(db=str(tmp_path / "a-file" / "jobs.db"))) as client:
+        summarized = client.post("/summarize", json={"texts": articles(1, seed=9), "generation": FAST})
+        submitted = client.post("/evaluate", json={"dataset": {"records": [{"text": "a text"}]}})
+        listed = client.get("/evaluate")
+        scraped = client.get("/metrics")
+    assert summarized.status_code == 200 and scraped.status_code == 200
+    for response in (submitted, listed):
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "jobs_unavailable" and "BART_OPT_DB" in error["message"]

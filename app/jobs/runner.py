@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from app.jobs.store import BatchWrite, JobStore
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
 from bart_opt.data import Record
-from bart_opt.evaluate import compute_metrics
+from bart_opt.evaluate import compute_metrics, prediction_row
 from bart_opt.summarizer import Encoded, Summarizer
 
 if TYPE_CHECKING:
@@ -253,7 +253,7 @@ class JobRunner:
         result = done.result
         peak = result.memory["peak_bytes"]
         rows = [
-            _row(entry.record, summary, details, peak)
+            prediction_row(entry.record, summary, details, peak)
             for entry, summary, details in zip(batch, result.summaries, result.items)
         ]
         return BatchWrite(rows=rows, positions=[entry.position for entry in batch], run=job["runs"],
@@ -290,24 +290,6 @@ class JobRunner:
     def _check(self) -> None:
         if self._stop.is_set() or self._is_cancelled():
             raise _Interrupted
-
-
-def _row(record: Record, summary: str, details: dict, peak: int) -> dict:
-    """A prediction row with the fields and meaning of `bart_opt.evaluate`'s rows."""
-    return {
-        "id": record.id,
-        "prediction": summary,
-        "reference": record.reference,
-        "rouge": details["rouge"],
-        "error": details["error"],
-        "input_tokens": details["input_tokens"],
-        "output_tokens": details["output_tokens"],
-        "truncated": details["truncated"],
-        "padding_computed": details["padding_computed"],
-        "padding_avoided": details["padding_avoided"],
-        "seconds": sum(details["timing"].values()),
-        "batch_peak_bytes": peak,
-    }
 
 
 def _error_write(job: dict, entry: _Entry, reason: str) -> BatchWrite:

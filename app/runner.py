@@ -86,7 +86,10 @@ class SummarizerRunner:
     def _run(self, items: list[WorkItem]) -> list[ItemResult]:
         before = resident_bytes(self.summarizer)
         groups = [(item.texts, item.references) for item in items]
-        results = self.summarizer.summarize_groups(groups, **items[0].generation)
+        encoded = None
+        if all(item.encoded is not None for item in items):
+            encoded = [e for item in items for e in item.encoded]
+        results = self.summarizer.summarize_groups(groups, encoded=encoded, **items[0].generation)
         call_memory = results[0].memory
         texts = sum(len(item.texts) for item in items)
         self._record(results, texts, before + call_memory["peak_bytes"])

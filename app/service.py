@@ -148,15 +148,16 @@ class SummarizeService:
             generation = self.summarizer.generation_settings(overrides)
         except ValueError as error:
             raise ApiError(422, "invalid_request", f"generation: {error}", field="generation") from error
-        longest = await run_in_threadpool(self._longest, body.texts)
-        item = WorkItem(texts=body.texts, generation=generation, longest=longest, references=body.references)
+        encoded = await run_in_threadpool(self._encode, body.texts)
+        item = WorkItem(texts=body.texts, generation=generation, longest=max(len(e.ids) for e in encoded),
+                        references=body.references, encoded=encoded)
         self._submit(item)
         done = await self._wait(item, is_disconnected)
         return self._respond(done, item, started, request_id)
 
-    def _longest(self, texts: list[str]) -> int:
+    def _encode(self, texts: list[str]) -> list:
         with self._counter_lock:
-            return max(len(encoded.ids) for encoded in self._counter.encode(texts))
+            return self._counter.encode(texts)
 
     def _submit(self, item: WorkItem) -> None:
         try:

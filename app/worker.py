@@ -75,7 +75,8 @@ class WorkItem:
 
     ``generation`` holds the complete generation settings (defaults filled in) so that equal
     settings compare equal; ``longest`` is the token count of the longest text;
-    ``references`` (optional, one per text) are passed through to the runner.
+    ``references`` (optional, one per text) are passed through to the runner, and so is
+    ``encoded`` (the summarizer's `encode` output for ``texts``), so nothing is tokenized twice.
     ``enqueued`` and ``started`` are ``time.perf_counter()`` stamps; ``started`` is set by the
     worker just before the runner is called.
     """
@@ -84,6 +85,7 @@ class WorkItem:
     generation: dict[str, Any]
     longest: int
     references: list[str] | None = None
+    encoded: list | None = None
     kind: Kind = Kind.INTERACTIVE
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)

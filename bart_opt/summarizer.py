@@ -254,12 +254,13 @@ class Summarizer:
             num_beams=num_beams,
         )
 
-    def summarize(self, texts: Sequence[str], references: Sequence[str | None] | None = None,
-                  **generation_kwargs) -> SummaryResult:
+    def summarize(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
+                  encoded: Sequence[Encoded] | None = None, **generation_kwargs) -> SummaryResult:
         """Summarize `texts` (and score them against `references` when given).
 
         Generation options override the checkpoint's generation config; see
-        `validate_generation_kwargs`. Raises ValueError on bad input.
+        `validate_generation_kwargs`. `encoded` (from `encode(texts)`) skips tokenizing
+        again when the caller already did. Raises ValueError on bad input.
         """
         start = time.perf_counter()
         texts, references, overrides, settings = self._check_call(texts, references, generation_kwargs)
@@ -268,7 +269,9 @@ class Summarizer:
             try:
                 tick = time.perf_counter()
                 with log.phase("tokenize"):
-                    encoded = self.encode(texts)
+                    encoded = self.encode(texts) if encoded is None else list(encoded)
+                if len(encoded) != len(texts):
+                    raise ValueError(f"encoded has {len(encoded)} entries for {len(texts)} texts")
                 tokenize_s = time.perf_counter() - tick
                 outcomes = [
                     self._run_batch(plan, encoded, references, overrides, settings["num_beams"])
@@ -307,8 +310,8 @@ class Summarizer:
             outcome.timing["tokenize"] = tokenize_share * len(plan)
             yield outcome
 
-    def summarize_groups(self, groups: Sequence[tuple[Sequence[str], Sequence[str | None] | None]],
-                         **generation_kwargs) -> list[SummaryResult]:
+    def summarize_groups(self, groups: Sequence[tuple[Sequence[str], Sequence[str | None] | None]], *,
+                         encoded: Sequence[Encoded] | None = None, **generation_kwargs) -> list[SummaryResult]:
         """Run the texts of several requests in one call and split the result per request.
 
         `groups` is a list of ``(texts, references_or_None)``. Each returned result has
@@ -317,7 +320,8 @@ class Summarizer:
         calls that included its texts (``size``, ``tokens`` ... of the whole call;
         ``positions`` and the items' ``call`` renumbered within the request); `memory`
         is the shared call's report with ``"share"``: this request's fraction of the
-        call's input tokens.
+        call's input tokens. `encoded` holds every group's `encode` output, in order, when
+        the caller already tokenized.
         """
         texts: list[str] = []
         references: list[str | None] = []
@@ -330,7 +334,7 @@ class Summarizer:
             texts.extend(group_texts)
             references.extend(group_refs if group_refs is not None else [None] * len(group_texts))
         has_refs = any(refs is not None for _, refs in groups)
-        combined = self.summarize(texts, references if has_refs else None, **generation_kwargs)
+        combined = self.summarize(texts, references if has_refs else None, encoded=encoded, **generation_kwargs)
         total_tokens = sum(item["input_tokens"] for item in combined.items) or 1
         return [
             self._group_result(combined, lo, hi, group_refs is not None, total_tokens)

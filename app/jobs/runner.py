@@ -247,6 +247,7 @@ class JobRunner:
             generation=job["generation"],
             longest=max(len(entry.encoded.ids) for entry in batch),
             references=references if any(ref is not None for ref in references) else None,
+            encoded=[entry.encoded for entry in batch],
             kind=Kind.JOB,
         )
         done = self._submit_and_wait(item)

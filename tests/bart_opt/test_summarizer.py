@@ -251,3 +251,19 @@ def test_bad_calls_are_value_errors(summarizer):
         summarizer.summarize(["a b c", None])
     with pytest.raises(ValueError, match="do_sample"):
         summarizer.summarize(["a b c"], do_sample=True)
+
+
+def test_pre_encoded_inputs_are_not_tokenized_again(demo_checkpoint, monkeypatch):
+    s = Summarizer.from_pretrained(demo_checkpoint, count_cpu_tensors=False)
+    texts = ["Police said the storm hit the city on monday.", "A football club won the match at home."]
+    expected = s.summarize(texts, num_beams=2, max_length=12)
+    encoded = s.encode(texts)
+
+    def refuse(_texts):
+        raise AssertionError("encode was called although encoded inputs were given")
+
+    monkeypatch.setattr(s, "encode", refuse)
+    got = s.summarize_groups([(texts[:1], None), (texts[1:], None)], encoded=encoded, num_beams=2, max_length=12)
+    assert [r.summaries[0] for r in got] == expected.summaries
+    with pytest.raises(ValueError, match="encoded has 1 entries for 2 texts"):
+        s.summarize(texts, encoded=encoded[:1])

@@ -243,7 +243,8 @@ def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Settings
 
     # Finished hypotheses: merge the candidates that ended among the top nb into the kept ones.
     just_finished = hits & top_mask[None, :]
-    fin_scores = topk_scores / ((cur_len + 1 - 1) ** s.length_penalty)
+    # Length of a hypothesis ending here: cur_len + 1 tokens minus the decoder start token.
+    fin_scores = topk_scores / (cur_len**s.length_penalty)
     full = torch.all(st.is_finished, dim=-1, keepdim=True) & (s.early_stopping is True)
     fin_scores += full.to(torch.float32) * -1.0e9
     fin_scores += (~st.improvable).to(torch.float32) * -1.0e9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -97,6 +98,16 @@ def test_long_inputs_are_truncated_and_flagged(make_checkpoint):
     assert result.summaries == hf_summaries(checkpoint, texts, max_input=48, **GEN)
 
 
+@contextlib.contextmanager
+def injected_oom(summarizer, inject):
+    """Run with `inject` called before every model call and FakeOOM treated as out of memory."""
+    summarizer.before_model_call, summarizer.oom_errors = inject, (FakeOOM,)
+    try:
+        yield
+    finally:
+        summarizer.before_model_call, summarizer.oom_errors = None, (torch.cuda.OutOfMemoryError,)
+
+
 def test_oom_split_retries_smaller_batches(summarizer, texts, baseline):
     seen = []
 
@@ -105,11 +116,8 @@ def test_oom_split_retries_smaller_batches(summarizer, texts, baseline):
         if len(positions) > 2:
             raise FakeOOM("CUDA out of memory (injected)")
 
-    summarizer.before_model_call, summarizer.oom_errors = inject, (FakeOOM,)
-    try:
+    with injected_oom(summarizer, inject):
         result = summarizer.summarize(texts, **GEN)
-    finally:
-        summarizer.before_model_call, summarizer.oom_errors = None, (torch.cuda.OutOfMemoryError,)
     assert seen[0] == len(texts)
     assert result.oom_splits >= 2
     assert all(call["size"] <= 2 for call in result.batches)
@@ -122,11 +130,8 @@ def test_oom_on_a_single_input_reports_that_input_only(summarizer, texts, baseli
         if 3 in positions:
             raise FakeOOM("CUDA out of memory (injected)")
 
-    summarizer.before_model_call, summarizer.oom_errors = inject, (FakeOOM,)
-    try:
+    with injected_oom(summarizer, inject):
         result = summarizer.summarize(texts, **GEN)
-    finally:
-        summarizer.before_model_call, summarizer.oom_errors = None, (torch.cuda.OutOfMemoryError,)
     assert [e is not None for e in result.errors] == [i == 3 for i in range(len(texts))]
     assert "out of memory" in result.errors[3]
     assert result.items[3]["error"] == result.errors[3] and result.summaries[3] == ""

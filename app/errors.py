@@ -29,6 +29,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from bart_opt.errors import InvalidRequest
+
 logger = logging.getLogger("app")
 
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -111,6 +113,11 @@ async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
     return error_response(request, exc.status, exc.code, exc.message, field=exc.field, headers=exc.headers)
 
 
+async def _on_invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
+    details = [{"field": exc.field, "message": exc.message}]
+    return error_response(request, 422, "invalid_request", str(exc), field=exc.field, details=details)
+
+
 async def _on_validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     details = [_validation_problem(error) for error in exc.errors()]
     first = details[0] if details else {"field": "body", "message": "invalid request"}
@@ -138,6 +145,7 @@ async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error FastAPI or the service raises through :func:`error_response`."""
     app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(InvalidRequest, _on_invalid_request)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected_error)

@@ -89,7 +89,7 @@ class SummarizerRunner:
         encoded = None
         if all(item.encoded is not None for item in items):
             encoded = [e for item in items for e in item.encoded]
-        results = self.summarizer.summarize_groups(groups, encoded=encoded, **items[0].generation)
+        results = self.summarizer.summarize_groups(groups, encoded=encoded, generation=items[0].generation)
         call_memory = results[0].memory
         texts = sum(len(item.texts) for item in items)
         self._record(results, texts, before + call_memory["peak_bytes"])

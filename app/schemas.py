@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 RougeScores = dict[str, dict[str, float]]
 """Per-item ROUGE: ``{"rouge1": {"precision", "recall", "fmeasure"}, ...}`` on a 0-100 scale."""
@@ -20,29 +20,27 @@ def _not_blank(text: str) -> str:
 
 
 class GenerationOptions(BaseModel):
-    """Per-request overrides of the checkpoint's generation defaults; unknown options are refused.
+    """Per-request overrides of the checkpoint's generation defaults (null or absent: the default).
 
-    Types and the service's caps are checked here; the pipeline checks the rest
-    (``min_length <= max_length``, finite ``length_penalty``) and its message comes back as a 422.
+    Only JSON types are checked here, strictly (``"4"`` or ``true`` is not a number); the values
+    and every rule between them are checked once, by `bart_opt.GenerationSpec.resolve`, whose
+    error comes back as a 422 naming the option. Lengths count the decoder start token, as in
+    transformers; ``max_new_tokens`` / ``min_new_tokens`` take precedence over ``max_length`` /
+    ``min_length`` (transformers 5's semantics).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    num_beams: int | None = Field(None, ge=1, le=16)
-    min_length: int | None = Field(None, ge=0, le=1024)
-    max_length: int | None = Field(None, ge=1, le=1024)
-    max_new_tokens: int | None = Field(None, ge=1, le=1024)
-    length_penalty: float | None = None
-    no_repeat_ngram_size: int | None = Field(None, ge=0)
-    early_stopping: bool | Literal["never"] | None = None
-
-    @model_validator(mode="after")
-    def _known_and_consistent(self) -> GenerationOptions:
-        unknown = sorted(self.model_extra or {})
-        if unknown:
-            supported = ", ".join(sorted(type(self).model_fields))
-            raise ValueError(f"unknown generation option {', '.join(map(repr, unknown))}; supported: {supported}")
-        return self
+    num_beams: int | None = Field(None, description="Beams; 1 is greedy search. At most MAX_BEAMS.")
+    min_length: int | None = Field(None, description="Shortest output, decoder start token included.")
+    min_new_tokens: int | None = Field(None, description="Shortest output, start token excluded (wins over min_length).")
+    max_length: int | None = Field(
+        None, description="Longest output, decoder start token included; at most the model's positions + 1."
+    )
+    max_new_tokens: int | None = Field(None, description="Longest output, start token excluded (wins over max_length).")
+    length_penalty: float | None = Field(None, description="Exponent of the length normalization, in [-10, 10].")
+    no_repeat_ngram_size: int | None = Field(None, description="No n-gram of this size appears twice; 0 is off.")
+    early_stopping: bool | Literal["never"] | None = Field(None, description='Beam search stop rule: true, false or "never".')
 
     def overrides(self) -> dict:
         """The options the client set, as keyword arguments for generation."""
@@ -146,4 +144,5 @@ class SummarizeResponse(BaseModel):
     memory: MemoryReport
     timing: Timing
     model: str
+    generation: dict = Field(description="The generation settings that ran (checkpoint defaults + overrides, resolved).")
     request_id: str

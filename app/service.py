@@ -21,9 +21,11 @@ from starlette.concurrency import run_in_threadpool
 from app.errors import ApiError
 from app.metrics import Metrics
 from app.runner import ItemResult, SummarizerRunner, resident_bytes
-from app.schemas import SummarizeRequest
+from app.schemas import GenerationOptions, SummarizeRequest
 from app.settings import Settings
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
+from bart_opt.errors import InvalidRequest
+from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
 
 SummarizerLoader = Callable[[Settings], Summarizer]
@@ -44,6 +46,7 @@ def load_summarizer(settings: Settings, **summarizer_options) -> Summarizer:
         dtype=None if settings.dtype == "auto" else getattr(torch, settings.dtype),
         max_batch_tokens=settings.max_batch_tokens,
         max_batch_size=settings.max_batch_size,
+        max_beams=settings.max_beams,
         **summarizer_options,
     )
 
@@ -96,6 +99,8 @@ class SummarizeService:
         started = time.perf_counter()
         summarizer = self._load_summarizer(self.settings)
         logger.info("loaded %s on %s in %.1f s", summarizer.name, summarizer.device, time.perf_counter() - started)
+        # A checkpoint whose own generation config cannot run fails here, not on every request.
+        summarizer.generation_spec()
         # Token counting for the batcher runs on request threads; a private tokenizer copy keeps
         # it from touching the tokenizer the device thread is using.
         counter = copy.copy(summarizer)
@@ -123,6 +128,16 @@ class SummarizeService:
             code, message = "shutting_down", "the server is shutting down"
         return ApiError(503, code, message, headers={"Retry-After": _NOT_READY_RETRY_AFTER})
 
+    def generation_spec(self, options: GenerationOptions | None) -> GenerationSpec:
+        """A request's generation options resolved once over the checkpoint's defaults.
+
+        Raises `InvalidRequest` with the field under ``generation.`` (the 422 mapping is in app.errors).
+        """
+        try:
+            return self.summarizer.generation_spec(options.overrides() if options is not None else {})
+        except InvalidRequest as error:
+            raise error.within("generation") from None
+
     # ---- POST /summarize -------------------------------------------------------------------
 
     async def summarize(
@@ -143,11 +158,7 @@ class SummarizeService:
         if len(body.texts) > max_texts:
             message = f"texts: {len(body.texts)} texts is more than MAX_TEXTS ({max_texts})"
             raise ApiError(422, "invalid_request", message, field="texts")
-        overrides = body.generation.overrides() if body.generation is not None else {}
-        try:
-            generation = self.summarizer.generation_settings(overrides)
-        except ValueError as error:
-            raise ApiError(422, "invalid_request", f"generation: {error}", field="generation") from error
+        generation = self.generation_spec(body.generation)
         encoded = await run_in_threadpool(self._encode, body.texts)
         item = WorkItem(texts=body.texts, generation=generation, longest=max(len(e.ids) for e in encoded),
                         references=body.references, encoded=encoded)
@@ -203,6 +214,7 @@ class SummarizeService:
             "memory": done.memory,
             "timing": timing,
             "model": self.summarizer.name,
+            "generation": result.generation,
             "request_id": request_id,
         }
         self.metrics.request_peak_memory.observe(done.memory["peak_bytes"])

@@ -30,6 +30,7 @@ class Settings(BaseSettings):
     )
     max_batch_size: int = Field(32, ge=1, description="Most texts in one model call.")
     max_texts: int = Field(64, ge=1, description="Most texts in one POST /summarize.")
+    max_beams: int = Field(16, ge=1, description="Largest num_beams a request may ask for.")
     max_request_bytes: int = Field(1_048_576, ge=1, description="Largest accepted request body (413 above).")
     queue_size: int = Field(64, ge=1, description="Interactive requests that may wait for the device (429 above).")
     torch_threads: int | None = Field(

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from bart_opt.spec import GenerationSpec
+
 logger = logging.getLogger("app.worker")
 
 Runner = Callable[[list["WorkItem"]], Sequence[Any]]
@@ -73,8 +75,8 @@ class NotAccepting(Exception):
 class WorkItem:
     """One unit of queued work and the future its submitter waits on.
 
-    ``generation`` holds the complete generation settings (defaults filled in) so that equal
-    settings compare equal; ``longest`` is the token count of the longest text;
+    ``generation`` is the resolved `bart_opt.GenerationSpec` (frozen, so equal settings compare
+    equal and it is the micro-batching key); ``longest`` is the token count of the longest text;
     ``references`` (optional, one per text) are passed through to the runner, and so is
     ``encoded`` (the summarizer's `encode` output for ``texts``), so nothing is tokenized twice.
     ``enqueued`` and ``started`` are ``time.perf_counter()`` stamps; ``started`` is set by the
@@ -82,7 +84,7 @@ class WorkItem:
     """
 
     texts: list[str]
-    generation: dict[str, Any]
+    generation: GenerationSpec
     longest: int
     references: list[str] | None = None
     encoded: list | None = None
@@ -94,11 +96,11 @@ class WorkItem:
     @property
     def key(self) -> Hashable:
         """Items with equal keys may share a model call."""
-        return tuple(sorted(self.generation.items()))
+        return self.generation
 
     @property
     def beams(self) -> int:
-        return int(self.generation.get("num_beams", 1))
+        return self.generation.num_beams
 
     @property
     def queue_seconds(self) -> float:

@@ -1,8 +1,10 @@
 """bart_opt: a memory-optimized BART that generates exactly what transformers generates."""
 
+from bart_opt.errors import InvalidRequest
 from bart_opt.model import Bart
+from bart_opt.spec import GenerationSpec
 
-__all__ = ["Bart", "Summarizer"]
+__all__ = ["Bart", "GenerationSpec", "InvalidRequest", "Summarizer"]
 
 
 def __getattr__(name):

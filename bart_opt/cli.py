@@ -14,6 +14,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from bart_opt.errors import InvalidRequest
+from bart_opt.spec import REQUEST_OPTIONS
+
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 DEMO_WARNING = (
@@ -39,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
         return args.func(args) or 0
+    except InvalidRequest as error:
+        where = f"--{error.field.replace('_', '-')}" if error.field in REQUEST_OPTIONS else error.field
+        print(f"bart-opt {args.command}: error: {where}: {_one_line(error.message)}", file=sys.stderr)
+        return EXIT_USAGE
     except (CliError, ValueError, FileNotFoundError, OSError) as error:
         print(f"bart-opt {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return EXIT_USAGE
@@ -48,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _one_line(error: BaseException) -> str:
+def _one_line(error: BaseException | str) -> str:
     text = str(error) or type(error).__name__
     if isinstance(error, FileNotFoundError) and error.filename:
         text = f"no such file: {error.filename}"
@@ -113,6 +120,7 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation (default: the checkpoint's generation config)")
     group.add_argument("--num-beams", type=int)
     group.add_argument("--min-length", type=int)
+    group.add_argument("--min-new-tokens", type=int)
     group.add_argument("--max-length", type=int)
     group.add_argument("--max-new-tokens", type=int)
     group.add_argument("--length-penalty", type=float)
@@ -122,7 +130,8 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
     """Generation overrides given on the command line (unset options left out)."""
-    names = ("num_beams", "min_length", "max_length", "max_new_tokens", "length_penalty", "no_repeat_ngram_size")
+    names = ("num_beams", "min_length", "min_new_tokens", "max_length", "max_new_tokens", "length_penalty",
+             "no_repeat_ngram_size")
     kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.early_stopping is not None:
         kwargs["early_stopping"] = {"true": True, "false": False, "never": "never"}[args.early_stopping]
@@ -177,7 +186,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
         with path.open(encoding="utf-8") as f:
             ids, texts = read_jsonl_texts(f, str(path), args.text_field)
     summarizer = load_summarizer(args)
-    result = summarizer.summarize(texts, **generation_kwargs(args))
+    result = summarizer.summarize(texts, generation=summarizer.generation_spec(generation_kwargs(args)))
     for record_id, summary, item, error in zip(ids, result.summaries, result.items, result.errors):
         row = {"summary": summary, "input_tokens": item["input_tokens"], "truncated": item["truncated"],
                "output_tokens": item["output_tokens"]}

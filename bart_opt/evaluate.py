@@ -2,7 +2,7 @@
 
 Three layers, so that other runners can reuse the loop with their own storage:
 
-- `iter_predictions(summarizer, records, generation_kwargs, skip_ids=...)`: the core
+- `iter_predictions(summarizer, records, spec, skip_ids=...)`: the core
   loop. No I/O: it yields one `PredictionBatch` (a list of prediction rows) per planned
   batch, longest inputs first, and holds nothing between yields, so the consumer
   decides where rows go, when to stop (cancel) and what else runs in between.
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bart_opt.data import Record
+from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import BatchOutcome, Summarizer
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -51,23 +52,19 @@ class PredictionBatch:
 def iter_predictions(
     summarizer: Summarizer,
     records: Sequence[Record],
-    generation_kwargs: Mapping[str, Any] | None = None,
+    spec: GenerationSpec,
     *,
     skip_ids: Iterable[str] = (),
 ) -> Iterator[PredictionBatch]:
-    """Summarize and score every record whose id is not in `skip_ids`, one batch at a time.
-
-    Yields nothing when every record is skipped. Raises ValueError on bad generation
-    options before any work is done.
-    """
+    """Summarize and score every record whose id is not in `skip_ids` with the generation
+    settings `spec`, one batch at a time. Yields nothing when every record is skipped."""
     skip = set(skip_ids)
     todo = [record for record in records if record.id not in skip]
     if not todo:
-        summarizer.validate_generation_kwargs(dict(generation_kwargs or {}))
         return
     texts = [record.text for record in todo]
     references = [record.reference for record in todo]
-    for outcome in summarizer.iter_batches(texts, references, **dict(generation_kwargs or {})):
+    for outcome in summarizer.iter_batches(texts, references, generation=spec):
         peak = outcome.memory["peak_bytes"] if outcome.memory else 0
         rows = [prediction_row(todo[p], outcome.summaries[p], outcome.items[p], peak) for p in outcome.positions]
         yield PredictionBatch(rows=rows, outcome=outcome)
@@ -199,14 +196,16 @@ def run_evaluation(
     Writes predictions.jsonl as it goes, then metrics.json; returns the metrics.
     `progress` shows a tqdm bar on stderr. `on_batch(rows)` runs after each batch is
     on disk (a hook for callers and tests; raising from it stops the run, leaving a
-    resumable directory). Raises ValueError when `out_dir` holds a run made with
-    another model or other generation settings.
+    resumable directory). Raises `InvalidRequest` for bad generation options (before
+    anything is written) and ValueError when `out_dir` holds a run made with another
+    model or other generation settings.
     """
     from tqdm.auto import tqdm
 
+    spec = summarizer.generation_spec(generation_kwargs)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    settings = summarizer.generation_settings(dict(generation_kwargs or {}))
+    settings = spec.to_dict()
     _check_run_file(out / RUN_FILE, {"model": summarizer.name, "generation": settings})
     store = JsonlPredictionStore(out / PREDICTIONS_FILE)
     rows = store.load()
@@ -214,7 +213,7 @@ def run_evaluation(
     done = len(wanted & rows.keys())
     start = time.perf_counter()
     with tqdm(total=len(records), initial=done, unit="doc", desc="evaluate", disable=not progress) as bar:
-        for batch in iter_predictions(summarizer, records, generation_kwargs, skip_ids=rows.keys()):
+        for batch in iter_predictions(summarizer, records, spec, skip_ids=rows.keys()):
             store.append(batch.rows)
             rows.update((row["id"], row) for row in batch.rows)
             bar.update(len(batch.rows))

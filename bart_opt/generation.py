@@ -14,127 +14,30 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from bart_opt.errors import InvalidRequest
 from bart_opt.inputs import check_inputs
 from bart_opt.processors import process_scores
-
-SUPPORTED_OPTIONS = {
-    "num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens", "length_penalty",
-    "no_repeat_ngram_size", "early_stopping", "forced_bos_token_id", "forced_eos_token_id",
-    "decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id",
-    "do_sample", "num_return_sequences", "use_cache",
-}
-# Generation-config fields whose non-default values would change the output: refused, not ignored.
-UNSUPPORTED_VALUES = {
-    "do_sample": False, "num_return_sequences": 1, "num_beam_groups": 1, "diversity_penalty": 0.0,
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
-    "bad_words_ids": None, "force_words_ids": None, "constraints": None, "sequence_bias": None,
-    "suppress_tokens": None, "begin_suppress_tokens": None, "exponential_decay_length_penalty": None,
-    "renormalize_logits": False, "remove_invalid_values": False, "guidance_scale": None, "use_cache": True,
-    "max_time": None, "stop_strings": None, "low_memory": None,
-}
-DEFAULTS = {"max_length": 20, "min_length": 0, "num_beams": 1, "length_penalty": 1.0,
-            "no_repeat_ngram_size": 0, "early_stopping": False}
-
-
-@dataclass
-class Settings:
-    """Resolved generation settings; lengths count the decoder start token, as transformers does."""
-
-    num_beams: int
-    max_length: int
-    min_length: int
-    length_penalty: float
-    no_repeat_ngram_size: int
-    early_stopping: bool | str
-    forced_bos_token_id: int | None
-    forced_eos_token_id: list[int] | None
-    decoder_start_token_id: int
-    eos_token_id: list[int] | None
-    pad_token_id: int | None
-
-
-def _as_list(value) -> list[int] | None:
-    if value is None:
-        return None
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
-
-
-def resolve_settings(model, kwargs: dict) -> Settings:
-    """Merge the checkpoint's generation config with `kwargs`; refuse what is not implemented."""
-    unknown = sorted(set(kwargs) - SUPPORTED_OPTIONS)
-    if unknown:
-        raise ValueError(f"unsupported generation option(s) {unknown}; supported: {sorted(SUPPORTED_OPTIONS)}")
-    base = {k: v for k, v in model.generation_config.to_dict().items() if v is not None}
-    merged = {**DEFAULTS, **base, **kwargs}
-    for key, default in UNSUPPORTED_VALUES.items():
-        value = merged.get(key, default)
-        if value is not None and value != default and not (default is None and value in ([], {})):
-            raise ValueError(f"generation option {key}={value!r} is not supported (only {default!r})")
-    cfg = model.config
-    has_default_max = kwargs.get("max_length") is None and model.generation_config.max_length is None
-    max_length = merged.get("max_length") or DEFAULTS["max_length"]
-    if merged.get("max_new_tokens") is not None:
-        max_length = int(merged["max_new_tokens"]) + 1
-    elif has_default_max:
-        max_length = min(max_length + 1, cfg.max_position_embeddings)
-    min_length = int(merged.get("min_length") or 0)
-    if merged.get("min_new_tokens") is not None:
-        min_length = max(min_length, int(merged["min_new_tokens"]) + 1)
-    eos = _as_list(merged.get("eos_token_id", cfg.eos_token_id))
-    pad = merged.get("pad_token_id", cfg.pad_token_id)
-    if pad is None and eos is not None:
-        pad = eos[0]
-    start = merged.get("decoder_start_token_id", cfg.decoder_start_token_id)
-    if start is None:
-        start = merged.get("bos_token_id", cfg.bos_token_id)
-    if start is None:
-        raise ValueError("decoder_start_token_id (or bos_token_id) must be set to generate")
-    settings = Settings(
-        num_beams=int(merged["num_beams"]),
-        max_length=int(max_length),
-        min_length=min_length,
-        length_penalty=float(merged["length_penalty"]),
-        no_repeat_ngram_size=int(merged["no_repeat_ngram_size"] or 0),
-        early_stopping=merged["early_stopping"],
-        forced_bos_token_id=merged.get("forced_bos_token_id"),
-        forced_eos_token_id=_as_list(merged.get("forced_eos_token_id")),
-        decoder_start_token_id=int(start),
-        eos_token_id=eos,
-        pad_token_id=None if pad is None else int(pad),
-    )
-    _check_settings(settings, cfg)
-    return settings
-
-
-def _check_settings(s: Settings, cfg) -> None:
-    if s.num_beams < 1:
-        raise ValueError(f"num_beams must be >= 1; got {s.num_beams}")
-    if s.max_length < 2:
-        raise ValueError(f"max_length must be >= 2 (the decoder start token plus one); got {s.max_length}")
-    if s.max_length - 1 > cfg.max_position_embeddings:
-        raise ValueError(
-            f"max_length {s.max_length} needs {s.max_length - 1} decoder positions; the model has "
-            f"{cfg.max_position_embeddings} (max_position_embeddings)"
-        )
-    if s.early_stopping not in (True, False, "never"):
-        raise ValueError(f"early_stopping must be True, False or 'never'; got {s.early_stopping!r}")
-    if s.no_repeat_ngram_size < 0 or s.min_length < 0:
-        raise ValueError("no_repeat_ngram_size and min_length must be >= 0")
-    if s.num_beams > 1 and s.num_beams * cfg.vocab_size < 2 * s.num_beams:
-        raise ValueError("vocabulary too small for beam search")
+from bart_opt.spec import GenerationSpec
 
 
 @torch.inference_mode()
-def generate(model, input_ids, attention_mask=None, **kwargs) -> torch.Tensor:
-    """Token ids (B, L) exactly as transformers' `generate` returns them for the same weights."""
-    settings = resolve_settings(model, kwargs)
+def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None = None, **kwargs) -> torch.Tensor:
+    """Token ids (B, L) exactly as transformers' `generate` returns them for the same weights.
+
+    Settings come from `spec` when given (then no keyword options are allowed), else they are
+    resolved from `kwargs` over the checkpoint's generation config (`Bart.generation_spec`).
+    """
+    if spec is None:
+        spec = model.generation_spec(kwargs)
+    elif kwargs:
+        raise InvalidRequest(sorted(kwargs)[0], "give generation options either as a spec or as keywords, not both")
     ids, mask = check_inputs(model, input_ids, attention_mask)
     memory, enc_mask = model.encode(ids, mask)
     cross_kv = model.cross_keys_values(memory)
     del memory  # only the per-layer keys/values are needed from here on
-    if settings.num_beams == 1:
-        return _greedy(model, ids.shape[0], cross_kv, enc_mask, settings)
-    return _beam_search(model, ids.shape[0], cross_kv, enc_mask, settings)
+    if spec.num_beams == 1:
+        return _greedy(model, ids.shape[0], cross_kv, enc_mask, spec)
+    return _beam_search(model, ids.shape[0], cross_kv, enc_mask, spec)
 
 
 def _select_inputs(cross_kv, enc_mask, rows: torch.Tensor):
@@ -144,7 +47,7 @@ def _select_inputs(cross_kv, enc_mask, rows: torch.Tensor):
     return None if enc_mask is None else enc_mask.index_select(0, rows)
 
 
-def _stop_hits(tokens: torch.Tensor, cur_len: int, s: Settings) -> torch.Tensor:
+def _stop_hits(tokens: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.Tensor:
     """Whether appending `tokens` at position `cur_len` ends a sequence (max length or EOS)."""
     hits = torch.full_like(tokens, cur_len + 1 >= s.max_length, dtype=torch.bool)
     if s.eos_token_id is not None:
@@ -152,7 +55,7 @@ def _stop_hits(tokens: torch.Tensor, cur_len: int, s: Settings) -> torch.Tensor:
     return hits
 
 
-def _greedy(model, batch: int, cross_kv, enc_mask, s: Settings) -> torch.Tensor:
+def _greedy(model, batch: int, cross_kv, enc_mask, s: GenerationSpec) -> torch.Tensor:
     device = model.device
     out = torch.full((batch, s.max_length), s.pad_token_id if s.pad_token_id is not None else -1,
                      dtype=torch.long, device=device)  # (B, L)
@@ -198,7 +101,7 @@ class BeamState:
             setattr(self, name, getattr(self, name)[rows])
 
 
-def _init_beams(batch: int, nb: int, s: Settings, device) -> BeamState:
+def _init_beams(batch: int, nb: int, s: GenerationSpec, device) -> BeamState:
     eos = s.eos_token_id
     fill = (s.pad_token_id or eos[0]) if eos is not None else -1
     running = torch.full((batch, nb, s.max_length), fill, dtype=torch.long, device=device)
@@ -217,7 +120,7 @@ def _init_beams(batch: int, nb: int, s: Settings, device) -> BeamState:
     )
 
 
-def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Settings) -> torch.Tensor:
+def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.Tensor:
     """Advance `st` by one token from processed log-probs (A*nb, V); returns each new running
     beam's parent beam (A, nb)."""
     nb = s.num_beams
@@ -259,7 +162,7 @@ def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Settings
     return parents
 
 
-def _update_improvable(st: BeamState, cur_len: int, s: Settings) -> None:
+def _update_improvable(st: BeamState, cur_len: int, s: GenerationSpec) -> None:
     """transformers' early-stop heuristic, evaluated after `cur_len` was advanced."""
     if s.early_stopping == "never" and s.length_penalty > 0.0:
         best_len = s.max_length - 1
@@ -272,7 +175,7 @@ def _update_improvable(st: BeamState, cur_len: int, s: Settings) -> None:
     st.improvable = st.improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
-def _beam_search(model, batch: int, cross_kv, enc_mask, s: Settings) -> torch.Tensor:
+def _beam_search(model, batch: int, cross_kv, enc_mask, s: GenerationSpec) -> torch.Tensor:
     nb = s.num_beams
     device = model.device
     st = _init_beams(batch, nb, s, device)

@@ -17,7 +17,8 @@ Attribute names follow the Hugging Face checkpoint keys (minus their `model.` pr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from bart_opt.generation import generate
 from bart_opt.inputs import check_inputs, encoder_mask, shift_right
 from bart_opt.loading import load_pretrained
 from bart_opt.memory import LoggingMixin
+from bart_opt.spec import GenerationSpec
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
 FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
@@ -325,10 +327,21 @@ class Bart(LoggingMixin, nn.Module):
         with self.log_phase("logits"):
             return self.logits(hidden)
 
-    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **generation_kwargs) -> torch.Tensor:
+    def generation_spec(self, overrides: Mapping[str, Any] | None = None, *, max_beams: int | None = None) -> GenerationSpec:
+        """`overrides` resolved over this checkpoint's generation config (see `GenerationSpec.resolve`)."""
+        return GenerationSpec.resolve(self.config, self.generation_config, overrides, max_beams=max_beams)
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        spec: GenerationSpec | None = None,
+        **generation_kwargs,
+    ) -> torch.Tensor:
         """Greedy or beam search; returns the same (B, L) ids as transformers' `generate` for these weights.
 
-        Settings default to `self.generation_config` (the checkpoint's generation_config.json);
-        keyword arguments override them. Unsupported options raise `ValueError`.
+        Settings come from `spec`, or default to `self.generation_config` (the checkpoint's
+        generation_config.json) with keyword arguments overriding them. Invalid or unsupported
+        options raise `bart_opt.InvalidRequest` (a ValueError) naming the option.
         """
-        return generate(self, input_ids, attention_mask, **generation_kwargs)
+        return generate(self, input_ids, attention_mask, spec, **generation_kwargs)

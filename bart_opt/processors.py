@@ -29,15 +29,15 @@ def force_token(scores: torch.Tensor, token_ids) -> torch.Tensor:
 
 
 def process_scores(seqs: torch.Tensor, scores: torch.Tensor, s) -> torch.Tensor:
-    """Apply the processors `s` (generation Settings) asks for to next-token scores (N, V)."""
+    """Apply the processors `s` (a `GenerationSpec`) asks for to next-token scores (N, V)."""
     cur_len = seqs.shape[1]
     if s.no_repeat_ngram_size > 0:
         scores = ban_repeated_ngrams(seqs, scores, s.no_repeat_ngram_size)
     if s.eos_token_id is not None and s.min_length > 0 and cur_len < s.min_length:
         scores = scores.clone()
-        scores[:, s.eos_token_id] = -float("inf")
+        scores[:, list(s.eos_token_id)] = -float("inf")
     if s.forced_bos_token_id is not None and cur_len == 1:
         scores = force_token(scores, s.forced_bos_token_id)
     if s.forced_eos_token_id is not None and cur_len == s.max_length - 1:
-        scores = force_token(scores, s.forced_eos_token_id)
+        scores = force_token(scores, list(s.forced_eos_token_id))
     return scores

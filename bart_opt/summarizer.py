@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -29,53 +29,17 @@ import torch
 
 from bart_opt.batching import DEFAULT_OOM_ERRORS, collate, plan_batches, run_with_oom_split, trim_pad_columns
 from bart_opt.config import resolve_dtype
+from bart_opt.errors import InvalidRequest
 from bart_opt.memory import measure
 from bart_opt.rouge import RougeScorer
+from bart_opt.spec import GenerationSpec
 
 if TYPE_CHECKING:
     from bart_opt.model import Bart
 
-GENERATION_OPTIONS = (
-    "num_beams",
-    "min_length",
-    "max_length",
-    "max_new_tokens",
-    "length_penalty",
-    "no_repeat_ngram_size",
-    "early_stopping",
-)
-_INT_MINIMUMS = {"num_beams": 1, "min_length": 0, "max_length": 1, "max_new_tokens": 1, "no_repeat_ngram_size": 0}
 PHASES = ("tokenize", "generate", "decode", "score")
 DEFAULT_MAX_BATCH_TOKENS = 32768  # the seed's 8 inputs x 1024 tokens x 4 beams
 DEFAULT_MAX_BATCH_SIZE = 64
-
-
-def validate_generation_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Check generation overrides and return them without `None` values.
-
-    Allowed: num_beams, min_length, max_length, max_new_tokens, length_penalty,
-    no_repeat_ngram_size, early_stopping (True, False or "never"). `None` means "the
-    checkpoint's default". Raises ValueError naming the first bad option.
-    """
-    clean: dict[str, Any] = {}
-    for key, value in kwargs.items():
-        if key not in GENERATION_OPTIONS:
-            raise ValueError(f"unknown generation option {key!r}; allowed: {', '.join(GENERATION_OPTIONS)}")
-        if value is None:
-            continue
-        if key in _INT_MINIMUMS:
-            if isinstance(value, bool) or not isinstance(value, int) or value < _INT_MINIMUMS[key]:
-                raise ValueError(f"generation option {key!r} must be an integer >= {_INT_MINIMUMS[key]}, got {value!r}")
-        elif key == "length_penalty":
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"generation option 'length_penalty' must be a finite number, got {value!r}")
-            value = float(value)
-        elif key == "early_stopping" and value not in (True, False, "never"):
-            raise ValueError(f"generation option 'early_stopping' must be true, false or \"never\", got {value!r}")
-        clean[key] = value
-    if clean.get("min_length", 0) > clean.get("max_length", math.inf):
-        raise ValueError(f"generation option 'min_length' ({clean['min_length']}) exceeds 'max_length' ({clean['max_length']})")
-    return clean
 
 
 @dataclass
@@ -93,7 +57,7 @@ class SummaryResult:
     batches: one dict per model call: size, columns, tokens, padding_computed,
         padding_avoided, num_beams, budget_tokens, seconds, positions.
     errors: per text None, or why it has no summary (out of memory even alone).
-    generation: the effective generation settings (checkpoint defaults + overrides).
+    generation: the `GenerationSpec` that ran, as a dict (`GenerationSpec.to_dict`).
     oom_splits: how many times a batch was halved after running out of memory.
     """
 
@@ -145,7 +109,8 @@ class Summarizer:
     """A checkpoint's tokenizer plus the memory-optimized BART, with batching and ROUGE.
 
     Build it with `Summarizer.from_pretrained`. The constructor is for callers that
-    already hold a model and tokenizer (tests, the service). `oom_errors` and
+    already hold a model and tokenizer (tests, the service). `max_beams` caps the
+    ``num_beams`` a caller may ask for (None: no cap). `oom_errors` and
     `before_model_call` are injection points: ``before_model_call(positions)`` runs
     before every model call and may raise one of `oom_errors` to simulate running out
     of memory on CPU. `count_cpu_tensors` turns the CPU live-tensor counter of the
@@ -160,6 +125,7 @@ class Summarizer:
         name: str = "",
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        max_beams: int | None = None,
         scorer: RougeScorer | None = None,
         oom_errors: tuple[type[BaseException], ...] = DEFAULT_OOM_ERRORS,
         before_model_call: Callable[[list[int]], None] | None = None,
@@ -172,6 +138,7 @@ class Summarizer:
         self.name = name
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
+        self.max_beams = max_beams
         self.scorer = scorer or RougeScorer()
         self.oom_errors = oom_errors
         self.before_model_call = before_model_call
@@ -214,26 +181,20 @@ class Summarizer:
         """The model's device."""
         return self.model.device
 
-    def validate_generation_kwargs(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """See the module-level `validate_generation_kwargs`."""
-        return validate_generation_kwargs(kwargs)
-
-    def generation_settings(self, overrides: dict[str, Any]) -> dict[str, Any]:
-        """The effective value of every allowed option: checkpoint defaults, then `overrides`."""
-        defaults = self.model.generation_config
-        settings = {key: getattr(defaults, key, None) for key in GENERATION_OPTIONS}
-        settings.update(validate_generation_kwargs(overrides))
-        return settings
+    def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
+        """Resolve generation overrides over the checkpoint's defaults, once, under this summarizer's
+        beam cap. Raises `InvalidRequest` naming the option (see `GenerationSpec.resolve`)."""
+        return self.model.generation_spec(overrides, max_beams=self.max_beams)
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """Tokenize with the summarization prefix, cutting at the model's positions.
 
         Inputs longer than `max_input_tokens` are truncated the way the tokenizer does
-        (special tokens kept) and flagged.
+        (special tokens kept) and flagged. A text that is not a string or cannot be encoded
+        as UTF-8 (a lone surrogate) raises `InvalidRequest` naming ``texts[i]``.
         """
         for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"text {i} must be a string, got {type(text).__name__}")
+            check_text(text, f"texts[{i}]")
         prefixed = [self.prefix + text for text in texts]
         # One token past the limit tells cut inputs apart without a second full pass.
         probe = self.tokenizer(prefixed, truncation=True, max_length=self.max_input_tokens + 1)["input_ids"]
@@ -255,15 +216,18 @@ class Summarizer:
         )
 
     def summarize(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
-                  encoded: Sequence[Encoded] | None = None, **generation_kwargs) -> SummaryResult:
+                  encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
+                  **generation_kwargs) -> SummaryResult:
         """Summarize `texts` (and score them against `references` when given).
 
-        Generation options override the checkpoint's generation config; see
-        `validate_generation_kwargs`. `encoded` (from `encode(texts)`) skips tokenizing
-        again when the caller already did. Raises ValueError on bad input.
+        Generation settings are `generation` (a resolved `GenerationSpec`) or, without it,
+        keyword options over the checkpoint's generation config (`generation_spec`).
+        `encoded` (from `encode(texts)`) skips tokenizing again when the caller already did.
+        Raises `InvalidRequest` (a ValueError) on bad input.
         """
         start = time.perf_counter()
-        texts, references, overrides, settings = self._check_call(texts, references, generation_kwargs)
+        texts, references = self._check_call(texts, references)
+        spec = self._spec(generation, generation_kwargs)
         with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
             self.model.attach_log(log)
             try:
@@ -274,18 +238,17 @@ class Summarizer:
                     raise ValueError(f"encoded has {len(encoded)} entries for {len(texts)} texts")
                 tokenize_s = time.perf_counter() - tick
                 outcomes = [
-                    self._run_batch(plan, encoded, references, overrides, settings["num_beams"])
-                    for plan in self.plan(encoded, settings["num_beams"])
+                    self._run_batch(plan, encoded, references, spec) for plan in self.plan(encoded, spec.num_beams)
                 ]
             finally:
                 self.model.attach_log(None)
-        result = self._assemble(len(texts), outcomes, references, tokenize_s, settings)
+        result = self._assemble(len(texts), outcomes, references, tokenize_s, spec)
         result.memory = log.report()
         result.timing["total"] = time.perf_counter() - start
         return result
 
-    def iter_batches(self, texts: Sequence[str], references: Sequence[str | None] | None = None,
-                     **generation_kwargs) -> Iterator[BatchOutcome]:
+    def iter_batches(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
+                     generation: GenerationSpec | None = None, **generation_kwargs) -> Iterator[BatchOutcome]:
         """Summarize like `summarize`, yielding each planned batch as soon as it is done.
 
         Batches come longest first; every input position appears in exactly one
@@ -293,15 +256,16 @@ class Summarizer:
         yields (no memory log, no dispatch mode), so a consumer may stop at any
         batch, write results, or run other model work in between.
         """
-        texts, references, overrides, settings = self._check_call(texts, references, generation_kwargs)
+        texts, references = self._check_call(texts, references)
+        spec = self._spec(generation, generation_kwargs)
         tick = time.perf_counter()
         encoded = self.encode(texts)
         tokenize_share = (time.perf_counter() - tick) / len(texts)
-        for plan in self.plan(encoded, settings["num_beams"]):
+        for plan in self.plan(encoded, spec.num_beams):
             with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
                 self.model.attach_log(log)
                 try:
-                    outcome = self._run_batch(plan, encoded, references, overrides, settings["num_beams"])
+                    outcome = self._run_batch(plan, encoded, references, spec)
                 finally:
                     self.model.attach_log(None)
             outcome.memory = log.report()
@@ -311,7 +275,8 @@ class Summarizer:
             yield outcome
 
     def summarize_groups(self, groups: Sequence[tuple[Sequence[str], Sequence[str | None] | None]], *,
-                         encoded: Sequence[Encoded] | None = None, **generation_kwargs) -> list[SummaryResult]:
+                         encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
+                         **generation_kwargs) -> list[SummaryResult]:
         """Run the texts of several requests in one call and split the result per request.
 
         `groups` is a list of ``(texts, references_or_None)``. Each returned result has
@@ -329,12 +294,13 @@ class Summarizer:
         for group_texts, group_refs in groups:
             group_texts = list(group_texts)
             if group_refs is not None and len(group_refs) != len(group_texts):
-                raise ValueError(f"references has {len(group_refs)} entries for {len(group_texts)} texts")
+                raise InvalidRequest("references", f"{len(group_refs)} references for {len(group_texts)} texts")
             bounds.append((len(texts), len(texts) + len(group_texts)))
             texts.extend(group_texts)
             references.extend(group_refs if group_refs is not None else [None] * len(group_texts))
         has_refs = any(refs is not None for _, refs in groups)
-        combined = self.summarize(texts, references if has_refs else None, encoded=encoded, **generation_kwargs)
+        combined = self.summarize(texts, references if has_refs else None, encoded=encoded, generation=generation,
+                                  **generation_kwargs)
         total_tokens = sum(item["input_tokens"] for item in combined.items) or 1
         return [
             self._group_result(combined, lo, hi, group_refs is not None, total_tokens)
@@ -369,29 +335,36 @@ class Summarizer:
             oom_splits=combined.oom_splits,
         )
 
-    def _check_call(self, texts, references, generation_kwargs):
+    def _check_call(self, texts, references):
         if isinstance(texts, str):
-            raise ValueError("texts must be a list of strings, got a single string")
+            raise InvalidRequest("texts", "must be a list of strings, got a single string")
         texts = list(texts)
         if not texts:
-            raise ValueError("texts is empty")
+            raise InvalidRequest("texts", "is empty")
         if references is not None:
             references = list(references)
             if len(references) != len(texts):
-                raise ValueError(f"references has {len(references)} entries for {len(texts)} texts")
+                raise InvalidRequest("references", f"{len(references)} references for {len(texts)} texts")
             for i, ref in enumerate(references):
-                if ref is not None and not isinstance(ref, str):
-                    raise ValueError(f"reference {i} must be a string or None, got {type(ref).__name__}")
-        overrides = validate_generation_kwargs(generation_kwargs)
-        return texts, references, overrides, self.generation_settings(overrides)
+                if ref is not None:
+                    check_text(ref, f"references[{i}]")
+        return texts, references
 
-    def _run_batch(self, plan: list[int], encoded: list[Encoded], references, overrides: dict,
-                   num_beams: int) -> BatchOutcome:
+    def _spec(self, generation: GenerationSpec | None, generation_kwargs: dict[str, Any]) -> GenerationSpec:
+        """The call's spec: the one given, or the keyword options resolved (not both)."""
+        if generation is None:
+            return self.generation_spec(generation_kwargs)
+        if generation_kwargs:
+            raise InvalidRequest(sorted(generation_kwargs)[0],
+                                 "give generation options either as a spec or as keywords, not both")
+        return generation
+
+    def _run_batch(self, plan: list[int], encoded: list[Encoded], references, spec: GenerationSpec) -> BatchOutcome:
         """Generate, decode and score one planned batch, splitting it on out-of-memory."""
         calls: list[dict] = []
 
         def call(positions: list[int]) -> list[torch.Tensor]:
-            sequences, stats = self._generate(positions, encoded, overrides, num_beams)
+            sequences, stats = self._generate(positions, encoded, spec)
             calls.append(stats)
             return sequences
 
@@ -410,8 +383,8 @@ class Summarizer:
             }
         return outcome
 
-    def _generate(self, positions: list[int], encoded: list[Encoded], overrides: dict,
-                  num_beams: int) -> tuple[list[torch.Tensor], dict]:
+    def _generate(self, positions: list[int], encoded: list[Encoded],
+                  spec: GenerationSpec) -> tuple[list[torch.Tensor], dict]:
         """One model call: pad to the model's length, trim, generate. Returns rows and call stats."""
         if self.before_model_call is not None:
             self.before_model_call(positions)
@@ -419,12 +392,12 @@ class Summarizer:
         ids, mask, trim = trim_pad_columns(ids, mask, self.pad_id)  # (B, T')
         tick = time.perf_counter()
         with torch.inference_mode(), self.model.log_phase("generate"):
-            sequences = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device), **overrides)
+            sequences = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device), spec=spec)
         sequences = sequences.cpu()  # (B, L)
         stats = {
             "size": trim.rows, "columns": trim.columns_after, "tokens": trim.tokens,
             "padding_computed": trim.padding_computed, "padding_avoided": trim.padding_avoided,
-            "num_beams": num_beams, "budget_tokens": trim.rows * trim.columns_after * num_beams,
+            "num_beams": spec.num_beams, "budget_tokens": trim.rows * trim.columns_after * spec.num_beams,
             "seconds": time.perf_counter() - tick, "positions": list(positions),
         }
         return list(sequences), stats
@@ -467,7 +440,7 @@ class Summarizer:
         }
 
     def _assemble(self, n: int, outcomes: list[BatchOutcome], references, tokenize_s: float,
-                  settings: dict) -> SummaryResult:
+                  spec: GenerationSpec) -> SummaryResult:
         """Merge batch outcomes into one result in input order."""
         summaries: list[str] = [""] * n
         items: list[dict] = [{} for _ in range(n)]
@@ -490,7 +463,7 @@ class Summarizer:
         rouge = self._aggregate(items) if references is not None else None
         timing["score"] += time.perf_counter() - tick
         return SummaryResult(summaries=summaries, rouge=rouge, items=items, memory={}, timing=timing,
-                             batches=batches, errors=errors, generation=settings,
+                             batches=batches, errors=errors, generation=spec.to_dict(),
                              oom_splits=sum(o.oom_splits for o in outcomes))
 
     def _aggregate(self, items: Sequence[dict]) -> dict | None:
@@ -511,11 +484,22 @@ def summarization_prefix(config) -> str:
     return (task_params.get("summarization") or {}).get("prefix") or ""
 
 
+def check_text(text, field: str) -> None:
+    """Raise `InvalidRequest` naming `field` unless `text` is a string that encodes as UTF-8."""
+    if not isinstance(text, str):
+        raise InvalidRequest(field, f"must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        raise InvalidRequest(field, f"character {error.start} (U+{code:04X}) is a lone surrogate, not valid "
+                                    "Unicode text; send UTF-8") from None
+
+
 def _free_device_cache(positions: list[int], error: BaseException) -> None:
     """After an out-of-memory error, give cached CUDA blocks back before retrying."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-__all__ = ["BatchOutcome", "GENERATION_OPTIONS", "SummaryResult", "Summarizer", "summarization_prefix",
-           "validate_generation_kwargs"]
+__all__ = ["BatchOutcome", "SummaryResult", "Summarizer", "check_text", "summarization_prefix"]

@@ -39,6 +39,7 @@ from app.jobs.store import BatchWrite, JobStore
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
 from bart_opt.data import Record
 from bart_opt.evaluate import compute_metrics, prediction_row
+from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Encoded, Summarizer
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class JobRunner:
             done = self.store.done_ids(job_id)
             todo = [(i, record) for i, record in enumerate(records) if record.id not in done]
             logger.info("job %s: run %d, %d of %d examples to do", job_id, job["runs"], len(todo), len(records))
-            if self._process(job, todo):
+            if self._process(job, GenerationSpec.from_dict(job["generation"]), todo):
                 rows = self.store.rows(job_id)
                 metrics = compute_metrics(rows, records, summarizer=summarizer, generation=job["generation"])
                 self.store.finish(job_id, metrics)
@@ -185,16 +186,16 @@ class JobRunner:
         except Exception:  # noqa: BLE001 - the job stays "running" and is retried on the next start
             logger.exception("could not mark job %s failed (%s)", job_id, reason)
 
-    def _process(self, job: dict, todo: list[tuple[int, Record]]) -> bool:
+    def _process(self, job: dict, spec: GenerationSpec, todo: list[tuple[int, Record]]) -> bool:
         """Run and store every batch; True when all are stored, False when the job was failed."""
-        pending = deque(self._plan(job, todo))
+        pending = deque(self._plan(spec, todo))
         self._live = (time.perf_counter(), 0)
         try:
-            return self._drain(job, pending)
+            return self._drain(job, spec, pending)
         finally:
             self._live = None
 
-    def _drain(self, job: dict, pending: deque[list[_Entry]]) -> bool:
+    def _drain(self, job: dict, spec: GenerationSpec, pending: deque[list[_Entry]]) -> bool:
         """Work through `pending` batches (splitting failed ones); see `_process`."""
         job_id = job["id"]
         streak, last_error = 0, ""
@@ -204,7 +205,7 @@ class JobRunner:
             self._check()
             batch = pending.popleft()
             try:
-                write = self._execute(job, batch)
+                write = self._execute(job, spec, batch)
             except (_Interrupted, concurrent.futures.CancelledError):
                 raise _Interrupted from None
             except Exception as error:  # noqa: BLE001 - isolate the record at fault
@@ -230,21 +231,20 @@ class JobRunner:
                 return False
         return True
 
-    def _plan(self, job: dict, todo: list[tuple[int, Record]]) -> list[list[_Entry]]:
+    def _plan(self, spec: GenerationSpec, todo: list[tuple[int, Record]]) -> list[list[_Entry]]:
         """Length-sorted batches under the token budget, as the evaluate command plans them."""
         if not todo:
             return []
         encoded = self._encoder.encode([record.text for _, record in todo])
-        beams = int(job["generation"].get("num_beams") or 1)
-        plan = self._encoder.plan(encoded, beams)
+        plan = self._encoder.plan(encoded, spec.num_beams)
         return [[_Entry(todo[k][0], todo[k][1], encoded[k]) for k in positions] for positions in plan]
 
-    def _execute(self, job: dict, batch: list[_Entry]) -> BatchWrite:
+    def _execute(self, job: dict, spec: GenerationSpec, batch: list[_Entry]) -> BatchWrite:
         """One batch through the worker, as prediction rows."""
         references = [entry.record.reference for entry in batch]
         item = WorkItem(
             texts=[entry.record.text for entry in batch],
-            generation=job["generation"],
+            generation=spec,
             longest=max(len(entry.encoded.ids) for entry in batch),
             references=references if any(ref is not None for ref in references) else None,
             encoded=[entry.encoded for entry in batch],

@@ -103,15 +103,11 @@ class JobService:
             if existing is not None:
                 return self._replay(existing, idempotency_key, request_hash), False
         summarizer = self.summarize.summarizer
-        overrides = body.generation.overrides() if body.generation is not None else {}
-        try:
-            generation = summarizer.generation_settings(overrides)
-        except ValueError as error:
-            raise ApiError(422, "invalid_request", f"generation: {error}", field="generation") from error
+        generation = self.summarize.generation_spec(body.generation)
         records = self._records(body)
         new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=summarizer.name,
                      dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
-                     generation=generation, idempotency_key=idempotency_key)
+                     generation=generation.to_dict(), idempotency_key=idempotency_key)
         job, created = self.store.create(new, records)
         if not created:
             return self._replay(job, idempotency_key, request_hash), False

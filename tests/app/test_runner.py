@@ -24,14 +24,14 @@ def test_share_memory_scales_bytes_and_seconds_and_keeps_the_call_numbers():
     assert shared["share"] == 0.25 and shared["device"] == "cpu"
 
 
-def work(texts, references=None) -> WorkItem:
-    return WorkItem(texts=texts, generation=dict(FAST), longest=50, references=references)
+def work(summarizer, texts, references=None) -> WorkItem:
+    return WorkItem(texts=texts, generation=summarizer.generation_spec(FAST), longest=50, references=references)
 
 
 def test_merged_items_get_the_summaries_and_rouge_of_their_own_texts(direct):
     texts = articles(3, seed=20)
     runner = SummarizerRunner(direct, Metrics())
-    first, second = runner([work(texts[:1]), work(texts[1:], references=["a reference", "another one"])])
+    first, second = runner([work(direct, texts[:1]), work(direct, texts[1:], references=["a reference", "another one"])])
     assert first.result.summaries == direct.summarize(texts[:1], **FAST).summaries
     alone = direct.summarize(texts[1:], ["a reference", "another one"], **FAST)
     assert second.result.summaries == alone.summaries
@@ -51,7 +51,7 @@ def test_a_failing_merged_call_is_retried_item_by_item(direct, monkeypatch):
 
     monkeypatch.setattr(direct, "summarize_groups", refuse_bad)
     good_text = articles(1, seed=21)
-    good, bad = SummarizerRunner(direct, Metrics())([work(good_text), work(["BAD input"])])
+    good, bad = SummarizerRunner(direct, Metrics())([work(direct, good_text), work(direct, ["BAD input"])])
     assert good.result.summaries == real([(good_text, None)], **FAST)[0].summaries
     assert good.memory["batch"]["requests"] == 1
     assert isinstance(bad, ValueError) and "bad" in str(bad)

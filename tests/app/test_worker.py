@@ -8,6 +8,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
+from bart_opt.spec import GenerationSpec
 
 
 class RecordingRunner:
@@ -39,8 +40,14 @@ def make_worker(runner: RecordingRunner, **options) -> Worker:
     return worker
 
 
+def spec(beams: int) -> GenerationSpec:
+    return GenerationSpec(num_beams=beams, max_length=20, min_length=0, length_penalty=1.0, no_repeat_ngram_size=0,
+                          early_stopping=False, forced_bos_token_id=None, forced_eos_token_id=None,
+                          decoder_start_token_id=2, eos_token_id=(2,), pad_token_id=1)
+
+
 def item(text: str, *, beams: int = 1, longest: int = 10, kind: Kind = Kind.INTERACTIVE, texts: int = 1) -> WorkItem:
-    return WorkItem(texts=[text] * texts, generation={"num_beams": beams}, longest=longest, kind=kind)
+    return WorkItem(texts=[text] * texts, generation=spec(beams), longest=longest, kind=kind)
 
 
 def occupy(worker: Worker, runner: RecordingRunner) -> WorkItem:

@@ -82,7 +82,9 @@ def test_evaluate_writes_metrics_and_resumes(demo_checkpoint, tmp_path, capsys):
         (["summarize", "{bad_json}"], "line 2: not valid JSON"),
         (["summarize", "{data}"], "no 'text' field (found: article, id)"),
         (["summarize", "{data}", "--text-field", "article", "--early-stopping", "never", "--num-beams", "0"],
-         "'num_beams' must be an integer >= 1"),
+         "--num-beams: must be >= 1, got 0"),
+        (["summarize", "{data}", "--text-field", "article", "--max-length", "3"],
+         "--max-length: min_length 8 is above max_length 3"),
         (["summarize", "{data}", "--text-field", "article", "--dtype", "int8"], "dtype 'int8' is not supported"),
         (["summarize", "{data}", "--text-field", "article", "--device", "cuda:0"]
          if not torch.cuda.is_available() else ["summarize", "{missing}"],

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bart_opt import InvalidRequest
 from bart_opt.data import load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import (
@@ -130,12 +131,18 @@ def test_other_settings_in_the_same_directory_are_refused(full_run, summarizer, 
 
 def test_iter_predictions_skips_done_ids_and_is_a_plain_generator(summarizer, records):
     skip = {r.id for r in records[2:]}
-    batches = list(iter_predictions(summarizer, records, GEN, skip_ids=skip))
+    spec = summarizer.generation_spec(GEN)
+    batches = list(iter_predictions(summarizer, records, spec, skip_ids=skip))
     assert sorted(row["id"] for b in batches for row in b.rows) == [records[0].id, records[1].id]
     assert all(b.outcome.memory is not None for b in batches)
-    assert list(iter_predictions(summarizer, records, GEN, skip_ids={r.id for r in records})) == []
-    with pytest.raises(ValueError, match="unknown generation option"):
-        list(iter_predictions(summarizer, records, {"top_k": 5}, skip_ids={r.id for r in records}))
+    assert list(iter_predictions(summarizer, records, spec, skip_ids={r.id for r in records})) == []
+
+
+def test_bad_generation_options_are_refused_before_anything_is_written(summarizer, records, tmp_path):
+    with pytest.raises(InvalidRequest) as caught:
+        run_evaluation(summarizer, records, tmp_path / "out", {"top_k": 5}, progress=False)
+    assert caught.value.field == "top_k"
+    assert not (tmp_path / "out").exists()
 
 
 def test_compute_metrics_needs_every_record(summarizer, records):

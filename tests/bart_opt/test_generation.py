@@ -29,7 +29,7 @@ CASES = {
     "early_stopping_true": dict(num_beams=3, length_penalty=1.0, early_stopping=True, no_repeat_ngram_size=2),
     "early_stopping_false": dict(num_beams=5, length_penalty=2.0, early_stopping=False, min_length=3),
     "long_min_length": dict(num_beams=4, min_length=14, max_length=20),
-    "max_new_tokens": dict(num_beams=4, max_new_tokens=6),
+    "max_new_tokens": dict(num_beams=4, max_new_tokens=6, min_length=3),
     "no_forced_tokens": dict(num_beams=2, forced_bos_token_id=None, forced_eos_token_id=None, min_length=0),
     "greedy_forced_eos_short": dict(num_beams=1, max_length=9, min_length=0),
 }

@@ -11,7 +11,8 @@ from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
 
 from bart_opt.demo import random_article
 from bart_opt.rouge import RougeScorer
-from bart_opt.summarizer import Summarizer, summarization_prefix, validate_generation_kwargs
+from bart_opt import InvalidRequest
+from bart_opt.summarizer import Summarizer, summarization_prefix
 
 GEN = {"max_length": 16, "min_length": 4}
 
@@ -223,39 +224,23 @@ def test_summarization_prefix_is_applied(summarizer):
     assert encoded[0].ids == summarizer.tokenizer("summarize: The cat sat.")["input_ids"]
 
 
-@pytest.mark.parametrize(
-    "kwargs, message",
-    [
-        ({"temperature": 0.7}, "temperature"),
-        ({"num_beams": 0}, "num_beams"),
-        ({"num_beams": True}, "num_beams"),
-        ({"max_length": "40"}, "max_length"),
-        ({"length_penalty": float("nan")}, "length_penalty"),
-        ({"early_stopping": "sometimes"}, "early_stopping"),
-        ({"min_length": 30, "max_length": 10}, "min_length"),
-    ],
-)
-def test_bad_generation_options_name_the_option(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        validate_generation_kwargs(kwargs)
-
-
-def test_generation_options_are_cleaned():
-    assert validate_generation_kwargs({"num_beams": 2, "max_length": None, "length_penalty": 1}) == {
-        "num_beams": 2, "length_penalty": 1.0}
-
-
 def test_bad_calls_are_value_errors(summarizer):
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(InvalidRequest, match="texts: is empty"):
         summarizer.summarize([])
-    with pytest.raises(ValueError, match="single string"):
+    with pytest.raises(InvalidRequest, match="single string"):
         summarizer.summarize("one text")
-    with pytest.raises(ValueError, match="references has 1 entries for 2 texts"):
+    with pytest.raises(InvalidRequest, match="references: 1 references for 2 texts"):
         summarizer.summarize(["a b c", "d e f"], ["x"])
-    with pytest.raises(ValueError, match="text 1 must be a string"):
+    with pytest.raises(InvalidRequest, match=r"texts\[1\]: must be a string"):
         summarizer.summarize(["a b c", None])
-    with pytest.raises(ValueError, match="do_sample"):
+    with pytest.raises(InvalidRequest, match=r"texts\[1\]: character 2 \(U\+DC80\) is a lone surrogate"):
+        summarizer.summarize(["a b c", "ab\udc80"])
+    with pytest.raises(InvalidRequest, match=r"references\[0\]: character 0 \(U\+D800\)"):
+        summarizer.summarize(["a b c"], ["\ud800"])
+    with pytest.raises(InvalidRequest, match="do_sample"):
         summarizer.summarize(["a b c"], do_sample=True)
+    with pytest.raises(InvalidRequest, match="max_beams|above the limit of 2"):
+        Summarizer(summarizer.model, summarizer.tokenizer, max_beams=2).summarize(["a b c"], num_beams=3)
 
 
 def test_pre_encoded_inputs_are_not_tokenized_again(demo_checkpoint, monkeypatch):

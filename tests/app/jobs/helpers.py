@@ -108,9 +108,9 @@ def wait_for_job(client, job_id: str, until=("succeeded", "failed", "cancelled")
 
 def evaluate_directly(summarizer, records, generation) -> tuple[dict, dict]:
     """What `bart-opt evaluate` computes for these records: rows by id, and the metrics."""
-    rows = {row["id"]: row for batch in iter_predictions(summarizer, records, generation) for row in batch.rows}
-    settings = summarizer.generation_settings(generation)
-    return rows, compute_metrics(rows, records, summarizer=summarizer, generation=settings)
+    spec = summarizer.generation_spec(generation)
+    rows = {row["id"]: row for batch in iter_predictions(summarizer, records, spec) for row in batch.rows}
+    return rows, compute_metrics(rows, records, summarizer=summarizer, generation=spec.to_dict())
 
 
 def prediction_rows(client, job_id: str) -> list[dict]:

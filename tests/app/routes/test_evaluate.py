@@ -260,8 +260,11 @@ TWINS = {"records": [{"id": "x", "text": "a"}, {"id": "x", "text": "b"}]}
 @pytest.mark.parametrize(
     ("body", "field", "words"),
     [
-        ({"dataset": ONE, "generation": {"top_k": 5}}, "generation", "unknown generation option 'top_k'"),
-        ({"dataset": ONE, "generation": {"min_length": 9, "max_length": 3}}, "generation", "exceeds 'max_length'"),
+        ({"dataset": ONE, "generation": {"top_k": 5}}, "generation.top_k", "unknown field"),
+        ({"dataset": ONE, "generation": {"min_length": 9, "max_length": 3}}, "generation.min_length",
+         "min_length 9 is above max_length 3"),
+        ({"dataset": ONE, "generation": {"max_length": 5}}, "generation.max_length", "min_length 8 is above"),
+        ({"dataset": ONE, "generation": {"length_penalty": 200}}, "generation.length_penalty", "outside [-10, 10]"),
         ({"dataset": {"file": "a.jsonl", **ONE}}, "dataset", "exactly one of hub, file or records"),
         ({"dataset": {}}, "dataset", "exactly one of hub, file or records"),
         ({"dataset": {"file": "a.jsonl", "split": "train"}}, "dataset", "hub datasets only"),

@@ -80,9 +80,24 @@ def test_client_request_id_is_echoed(client):
         ({"texts": []}, "texts", "at least one text"),
         ({"texts": ["an article", "   "]}, "texts[1]", "empty"),
         ({"texts": ["a", "b"], "references": ["only one"]}, "references", "1 references for 2 texts"),
-        ({"texts": ["a"], "generation": {"top_k": 5}}, "generation", "unknown generation option 'top_k'"),
-        ({"texts": ["a"], "generation": {"num_beams": 0}}, "generation.num_beams", "greater than or equal to 1"),
-        ({"texts": ["a"], "generation": {"min_length": 9, "max_length": 3}}, "generation", "exceeds 'max_length'"),
+        ({"texts": ["a"], "generation": {"top_k": 5}}, "generation.top_k", "unknown field"),
+        ({"texts": ["a"], "generation": {"num_beams": 0}}, "generation.num_beams", "must be >= 1, got 0"),
+        ({"texts": ["a"], "generation": {"num_beams": 17}}, "generation.num_beams", "above the limit of 16"),
+        ({"texts": ["a"], "generation": {"num_beams": "4"}}, "generation.num_beams", "valid integer"),
+        ({"texts": ["a"], "generation": {"num_beams": True}}, "generation.num_beams", "valid integer"),
+        ({"texts": ["a"], "generation": {"min_length": 9, "max_length": 3}}, "generation.min_length",
+         "min_length 9 is above max_length 3"),
+        # The demo checkpoint's own defaults are min_length 8 and max_length 40.
+        ({"texts": ["a"], "generation": {"max_length": 5}}, "generation.max_length",
+         "min_length 8 is above max_length 5"),
+        ({"texts": ["a"], "generation": {"min_length": 41}}, "generation.min_length",
+         "min_length 41 is above max_length 40"),
+        ({"texts": ["a"], "generation": {"max_length": 1, "min_length": 0}}, "generation.max_length",
+         "leaves no room for a summary"),
+        ({"texts": ["a"], "generation": {"max_new_tokens": 2000}}, "generation.max_new_tokens",
+         "the model has 1024 (max_position_embeddings)"),
+        ({"texts": ["a"], "generation": {"length_penalty": 200}}, "generation.length_penalty",
+         "outside [-10, 10]"),
         ({"texts": ["a"] * 65}, "texts", "more than MAX_TEXTS (64)"),
         ({"text": ["a"]}, "texts", "Field required"),
         ({"texts": "just one string"}, "texts", "valid list"),
@@ -96,6 +111,16 @@ def test_invalid_requests_get_422_naming_the_field(client, body, field, words):
     assert error["field"] == field
     assert words in error["message"]
     assert error["request_id"] == response.headers["x-request-id"]
+
+
+def test_a_lone_surrogate_is_a_422_naming_the_text(client):
+    # JSON may escape a lone surrogate; it is not Unicode text and no tokenizer can take it.
+    content = b'{"texts": ["fine", "b \\ud800 c"]}'
+    response = client.post("/summarize", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422
+    error = response.json()["error"]
+    assert error["field"] == "texts[1]" and "U+D800) is a lone surrogate" in error["message"], error
+    assert client.post("/summarize", json={"texts": ["fine"], "generation": FAST}).status_code == 200
 
 
 @pytest.mark.parametrize(

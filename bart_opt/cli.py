@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, demo-model, bench, serve.
+"""The ``bart-opt`` command: summarize, evaluate, compare, demo-model, bench, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no
@@ -89,6 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _generation_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
+
+    compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
+    compare.add_argument("runs", nargs="+", metavar="RUN",
+                         help="--out folders of bart-opt evaluate; the first is the baseline")
+    compare.add_argument("--metric", default="rougeLsum",
+                         help="ROUGE type that ranks the wins and losses (default: rougeLsum)")
+    compare.add_argument("--resamples", type=int, default=1000,
+                         help="bootstrap resamples and randomization trials (default: 1000)")
+    compare.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
+    compare.add_argument("--top", type=int, default=5, help="wins and losses to show (default: 5)")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    compare.set_defaults(func=cmd_compare)
 
     demo = sub.add_parser("demo-model", help="write a small random BART checkpoint (meaningless summaries)")
     demo.add_argument("dir", help="output folder")
@@ -213,6 +225,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     summarizer = load_summarizer(args)
     metrics = run_evaluation(summarizer, records, args.out, generation_kwargs(args), progress=not args.no_progress)
     print(json.dumps(metrics, indent=2))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Compare run folders (the first is the baseline) and print tables, or JSON with --json."""
+    from bart_opt.compare import compare_runs, format_report, load_run
+
+    if len(args.runs) < 2:
+        raise CliError("give at least two run folders")
+    runs = [load_run(folder) for folder in args.runs]
+    result = compare_runs(runs, metric=args.metric, resamples=args.resamples, seed=args.seed, top=args.top)
+    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else format_report(result))
     return 0
 
 

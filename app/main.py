@@ -21,7 +21,7 @@ from app.errors import install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from app.routes import evaluate, health, metrics, summarize
+from app.routes import compare, evaluate, examples, health, metrics, summarize
 from app.security import require_api_key
 from app.service import SummarizerLoader, SummarizeService, load_summarizer
 from app.settings import Settings
@@ -66,6 +66,8 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(summarize.router, dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(evaluate.router, dependencies=protected)
+    app.include_router(examples.router, dependencies=protected)
+    app.include_router(compare.router, dependencies=protected)
     return app
 
 

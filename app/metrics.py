@@ -113,7 +113,8 @@ class Metrics:
         return generate_latest(self.registry)
 
     def snapshot(self, device: str) -> dict:
-        """Memory stats and the recent request logs, oldest first, for ``GET /metrics?format=json``."""
+        """Memory stats, requests in flight, latency percentiles per route and the recent request
+        logs (oldest first), for ``GET /metrics?format=json``."""
         with self._lock:
             recent = list(self._recent)
             peak = self._peak
@@ -124,5 +125,45 @@ class Metrics:
                 "peak_bytes": peak,
                 "rss_bytes": rss_bytes(),
             },
+            "requests": {"in_flight": int(self.registry.get_sample_value(f"{PREFIX}requests_in_flight") or 0)},
+            "latency": self.latency_percentiles(),
             "recent": recent,
         }
+
+    def latency_percentiles(self, quantiles: tuple[float, ...] = (0.5, 0.9, 0.99)) -> dict[str, dict]:
+        """Per route: ``{"count", "mean_s", "p50", "p90", "p99"}`` from the request-latency histogram.
+
+        Percentiles are estimated from the buckets as Prometheus' ``histogram_quantile`` does
+        (linear inside the bucket that holds the rank); one in the ``+Inf`` bucket reads as the
+        largest finite bound. Routes with no request yet are left out.
+        """
+        buckets: dict[str, list[tuple[float, float]]] = {}
+        sums: dict[str, float] = {}
+        for family in self.latency.collect():
+            for sample in family.samples:
+                route = sample.labels.get("route", "")
+                if sample.name.endswith("_bucket"):
+                    buckets.setdefault(route, []).append((float(sample.labels["le"]), sample.value))
+                elif sample.name.endswith("_sum"):
+                    sums[route] = sample.value
+        result = {}
+        for route, cumulative in sorted(buckets.items()):
+            cumulative.sort()
+            count = cumulative[-1][1]  # the +Inf bucket holds every observation
+            if count:
+                percentiles = {f"p{round(q * 100)}": _bucket_quantile(q, cumulative) for q in quantiles}
+                result[route] = {"count": int(count), "mean_s": sums.get(route, 0.0) / count, **percentiles}
+        return result
+
+
+def _bucket_quantile(q: float, cumulative: list[tuple[float, float]]) -> float:
+    """The `q` quantile of a histogram given as sorted ``(upper bound, cumulative count)`` pairs."""
+    rank = q * cumulative[-1][1]
+    lower, below = 0.0, 0.0
+    for upper, count in cumulative:
+        if count >= rank and count > below:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / (count - below)
+        lower, below = upper, count
+    return lower

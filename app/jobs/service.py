@@ -142,6 +142,18 @@ class JobService:
         self._job(job_id)
         return self.store.prediction_lines(job_id)
 
+    def prediction_rows(self, job_id: str) -> list[dict]:
+        """The job's prediction rows stored so far, in record order; 404 when unknown."""
+        return [json.loads(line) for line in self.prediction_lines(job_id)]
+
+    def example(self, job_id: str, example_id: str) -> dict:
+        """One example: its text and reference, and its prediction row (None until it is done); 404 when unknown."""
+        self._job(job_id)
+        record, row = self.store.example(job_id, example_id)
+        if record is None:
+            raise ApiError(404, "example_not_found", f"job {job_id} has no example {example_id!r}")
+        return {"id": record.id, "text": record.text, "reference": record.reference, "prediction": row}
+
     # ---- helpers -----------------------------------------------------------------------------
 
     def _job(self, job_id: str) -> dict:

@@ -243,6 +243,18 @@ class JobStore:
             rows = connection.execute("SELECT example_id, row FROM predictions WHERE job_id = ?", (job_id,)).fetchall()
         return {row[0]: json.loads(row[1]) for row in rows}
 
+    def example(self, job_id: str, example_id: str) -> tuple[Record | None, dict | None]:
+        """One example of the job: its record and its prediction row (each None when absent)."""
+        with self._connect() as connection:
+            record = connection.execute(
+                "SELECT example_id, text, reference FROM records WHERE job_id = ? AND example_id = ?",
+                (job_id, example_id),
+            ).fetchone()
+            row = connection.execute(
+                "SELECT row FROM predictions WHERE job_id = ? AND example_id = ?", (job_id, example_id)
+            ).fetchone()
+        return (Record(*record) if record else None), (json.loads(row[0]) if row else None)
+
     def prediction_lines(self, job_id: str, page: int = 500) -> Iterator[str]:
         """The job's prediction rows as JSON lines, in record order, read a page at a time."""
         after = -1

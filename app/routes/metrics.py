@@ -18,7 +18,8 @@ router = APIRouter(tags=["metrics"])
 async def metrics(
     request: Request, format: Literal["prometheus", "json"] = "prometheus", settings: Settings = Depends(get_settings)
 ) -> Response | dict:
-    """Prometheus exposition by default; ``?format=json`` for memory stats, queues and the last requests."""
+    """Prometheus exposition by default; ``?format=json`` for memory stats (weights included), requests in
+    flight, queues, latency percentiles per route and the last requests."""
     service = request.app.state.service
     registry = request.app.state.metrics
     if format == "prometheus":
@@ -26,4 +27,6 @@ async def metrics(
     device = str(service.summarizer.device) if service.summarizer is not None else None
     waiting = {kind.value: service.worker.queue_length(kind) if service.worker else 0 for kind in Kind}
     queue = {"waiting": waiting, "capacity": settings.queue_size, "state": service.state.value}
-    return {**registry.snapshot(device), "queue": queue}
+    snapshot = registry.snapshot(device)
+    snapshot["memory"]["weights_bytes"] = service.summarizer.model.weights_bytes() if device is not None else None
+    return {**snapshot, "queue": queue}

@@ -61,7 +61,11 @@ def test_json_view_has_memory_stats_queue_and_a_bounded_request_log(make_app):
     memory = snapshot["memory"]
     assert memory["device"] == "cpu"
     assert 0 < memory["allocated_bytes"] < memory["peak_bytes"] and memory["rss_bytes"] > 0
+    assert memory["weights_bytes"] == app.state.service.summarizer.model.weights_bytes() == memory["allocated_bytes"]
     assert snapshot["queue"] == {"waiting": {"interactive": 0, "job": 0}, "capacity": 5, "state": "ready"}
+    assert snapshot["requests"] == {"in_flight": 1}  # the scrape itself
+    summarize = snapshot["latency"]["/summarize"]
+    assert summarize["count"] == 3 and 0 < summarize["p50"] <= summarize["p90"] <= summarize["p99"]
     assert [log["request_id"] for log in snapshot["recent"]] == ids[1:]
     for log in snapshot["recent"]:
         assert log["memory"]["peak_bytes"] > 0 and log["timing"]["total"] > 0 and log["texts"] == 1

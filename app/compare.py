@@ -1,0 +1,70 @@
+"""`CompareService`: ``GET /compare`` without HTTP. Finished jobs in, `bart_opt.compare` out.
+
+Each job becomes a `bart_opt.compare.Run` named by its id, with its model, dataset, generation
+settings and its own ROUGE intervals as ``info``; the first job is the baseline. Only succeeded
+jobs are compared (a running or cancelled job has a partial set of examples). The comparison is
+CPU work proportional to examples x resamples; its caps (`MAX_JOBS`, `MAX_RESAMPLES`) bound it.
+
+Its methods block (SQLite reads, resampling); the route calls them off the event loop.
+"""
+
+from __future__ import annotations
+
+from app.errors import ApiError
+from app.jobs.service import JobService
+from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, InvalidOption, Run, RunMismatch, compare_runs
+
+MAX_JOBS = 8
+MAX_RESAMPLES = 10_000
+_INFO_KEYS = ("model", "dataset", "generation", "rouge", "created_at")
+
+
+class CompareService:
+    """Compares evaluation jobs of `jobs` (see the module docstring)."""
+
+    def __init__(self, jobs: JobService) -> None:
+        self.jobs = jobs
+
+    def compare(
+        self,
+        job_ids: list[str],
+        *,
+        metric: str = DEFAULT_METRIC,
+        resamples: int = DEFAULT_RESAMPLES,
+        seed: int = 0,
+        top: int = 5,
+    ) -> dict:
+        """The `bart_opt.compare.compare_runs` result for these jobs, baseline first.
+
+        Raises ApiError: 422 for fewer than two or more than `MAX_JOBS` ids, a repeated id or a bad
+        option; 404 for an unknown job; 409 for a job that has not succeeded; 422
+        ``datasets_differ`` when the jobs are not on the same examples.
+        """
+        self._check_ids(job_ids)
+        if not 1 <= resamples <= MAX_RESAMPLES:
+            raise ApiError(422, "invalid_request", f"resamples: must be from 1 to {MAX_RESAMPLES}", field="resamples")
+        runs = [self._run(job_id) for job_id in job_ids]
+        try:
+            return compare_runs(runs, metric=metric, resamples=resamples, seed=seed, top=top)
+        except InvalidOption as error:
+            raise ApiError(422, "invalid_request", str(error), field=error.field) from error
+        except RunMismatch as error:
+            raise ApiError(422, "datasets_differ", str(error), field="jobs") from error
+
+    def _check_ids(self, job_ids: list[str]) -> None:
+        if not 2 <= len(job_ids) <= MAX_JOBS:
+            raise ApiError(422, "invalid_request",
+                           f"jobs: give 2 to {MAX_JOBS} job ids separated by commas (got {len(job_ids)})",
+                           field="jobs")  # fmt: skip
+        repeated = sorted({job_id for job_id in job_ids if job_ids.count(job_id) > 1})
+        if repeated:
+            raise ApiError(422, "invalid_request", f"jobs: {repeated[0]!r} is given twice", field="jobs")
+
+    def _run(self, job_id: str) -> Run:
+        view = self.jobs.get(job_id)
+        if view["status"] != "succeeded":
+            raise ApiError(409, "job_not_finished",
+                           f"job {job_id} is {view['status']}; only succeeded jobs can be compared",
+                           field="jobs")  # fmt: skip
+        info = {key: view.get(key) for key in _INFO_KEYS}
+        return Run(name=job_id, rows=self.jobs.prediction_rows(job_id), info=info)

@@ -1,0 +1,69 @@
+"""CompareService without HTTP: jobs in, the comparison or the right ApiError out."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.compare import MAX_JOBS, CompareService
+from app.errors import ApiError
+from bart_opt.compare import Run, compare_runs
+from tests.bart_opt.test_compare import row, scores
+
+
+class Jobs:
+    """The two JobService methods CompareService uses, over fixed views and rows."""
+
+    def __init__(self, jobs: dict[str, tuple[dict, list[dict]]]) -> None:
+        self.jobs = jobs
+
+    def get(self, job_id: str) -> dict:
+        if job_id not in self.jobs:
+            raise ApiError(404, "job_not_found", f"no evaluation job {job_id!r}")
+        return self.jobs[job_id][0]
+
+    def prediction_rows(self, job_id: str) -> list[dict]:
+        return self.jobs[job_id][1]
+
+
+def view(status: str = "succeeded", **extra) -> dict:
+    return {"status": status, "model": "demo", "dataset": {"file": "a.jsonl"}, "generation": {"num_beams": 1},
+            "rouge": None, "created_at": "2026-01-01T00:00:00.000+00:00", **extra}  # fmt: skip
+
+
+@pytest.fixture
+def service() -> CompareService:
+    a = [row(f"d{i}", s) for i, s in enumerate(scores(8, seed=1))]
+    b = [row(f"d{i}", s) for i, s in enumerate(scores(8, seed=2))]
+    other = [row(f"x{i}", s) for i, s in enumerate(scores(8, seed=3))]
+    return CompareService(Jobs({"a": (view(), a), "b": (view(generation={"num_beams": 4}), b),
+                                "other": (view(), other), "busy": (view("running"), a[:3])}))  # fmt: skip
+
+
+def test_the_comparison_is_the_library_one_with_the_jobs_settings(service):
+    result = service.compare(["a", "b"], seed=4, resamples=300)
+    runs = [Run(job_id, service.jobs.prediction_rows(job_id), {k: service.jobs.get(job_id)[k] for k in
+            ("model", "dataset", "generation", "rouge", "created_at")}) for job_id in ("a", "b")]  # fmt: skip
+    assert result == compare_runs(runs, seed=4, resamples=300)
+    assert result["runs"][1]["info"]["generation"] == {"num_beams": 4}
+
+
+@pytest.mark.parametrize(
+    ("ids", "kwargs", "status", "code", "field", "message"),
+    [
+        (["a"], {}, 422, "invalid_request", "jobs", "give 2 to 8 job ids"),
+        (["a"] + [f"j{i}" for i in range(MAX_JOBS)], {}, 422, "invalid_request", "jobs", "(got 9)"),
+        (["a", "b", "a"], {}, 422, "invalid_request", "jobs", "'a' is given twice"),
+        (["a", "nope"], {}, 404, "job_not_found", None, "no evaluation job 'nope'"),
+        (["a", "busy"], {}, 409, "job_not_finished", "jobs", "job busy is running"),
+        (["a", "other"], {}, 422, "datasets_differ", "jobs", "a and other are not on the same dataset"),
+        (["a", "b"], {"metric": "bleu"}, 422, "invalid_request", "metric", "metric: must be one of"),
+        (["a", "b"], {"resamples": 10_001}, 422, "invalid_request", "resamples", "from 1 to 10000"),
+        (["a", "b"], {"top": 101}, 422, "invalid_request", "top", "top: must be an integer"),
+    ],
+)  # fmt: skip
+def test_refusals(service, ids, kwargs, status, code, field, message):
+    with pytest.raises(ApiError) as caught:
+        service.compare(ids, **kwargs)
+    error = caught.value
+    assert (error.status, error.code, error.field) == (status, code, field)
+    assert message in error.message

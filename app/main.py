@@ -6,7 +6,8 @@ live on ``app.state``: ``settings``, ``metrics`` (:class:`app.metrics.Metrics`, 
 through ``metrics.gauge``) and ``service`` (:class:`app.service.SummarizeService`; its
 ``worker`` also takes ``Kind.JOB`` work items, its ``summarizer`` is the loaded model) and
 ``jobs`` (:class:`app.jobs.JobService`, the evaluation jobs, resumed when the app starts).
-Every router but health's is included with the API-key dependency.
+Every router but health's and the dashboard's (a page and its scripts, no data) is included
+with the API-key dependency.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from app.errors import install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from app.routes import compare, evaluate, examples, health, metrics, summarize
+from app.routes import compare, dashboard, evaluate, examples, health, metrics, summarize
 from app.security import require_api_key
 from app.service import SummarizerLoader, SummarizeService, load_summarizer
 from app.settings import Settings
@@ -68,6 +69,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(evaluate.router, dependencies=protected)
     app.include_router(examples.router, dependencies=protected)
     app.include_router(compare.router, dependencies=protected)
+    app.include_router(dashboard.router)
     return app
 
 

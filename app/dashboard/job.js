@@ -1,0 +1,242 @@
+// One job: its settings and progress, the ROUGE table, the per-example score distribution, memory
+// and device time per batch, the slowest and worst examples, an example viewer, and downloads.
+
+import { api, predictions } from "./api.js";
+import { histogram, lineChart } from "./charts.js";
+import {
+  ROUGE_NAMES, ROUGE_TYPES, describeDataset, describeGeneration, download, fmt, fmtBytes, fmtSeconds, fmtTime, h,
+  notice, progressBar, replace, shortId, statusBadge, table,
+} from "./dom.js";
+
+const ACTIVE = new Set(["queued", "running"]);
+const TOP = 8;
+
+function f1(row, type) {
+  return row.rouge && row.rouge[type] ? row.rouge[type].fmeasure : null;
+}
+
+function rougeTable(rouge) {
+  if (!rouge) return h("p", { class: "muted", id: "rouge-table" }, "No ROUGE yet (it comes when the job succeeds, and needs references).");
+  const cell = (type, part, measure) => {
+    const value = rouge[type][part][measure];
+    return h("span", { "data-type": type, "data-field": `${part}.${measure}`, "data-value": value }, fmt(value));
+  };
+  return table([
+    { label: "Metric", cell: (t) => ROUGE_NAMES[t] },
+    { label: "Precision", numeric: true, cell: (t) => cell(t, "mid", "precision") },
+    { label: "Recall", numeric: true, cell: (t) => cell(t, "mid", "recall") },
+    { label: "F1", numeric: true, cell: (t) => cell(t, "mid", "fmeasure") },
+    { label: "F1 95% low", numeric: true, cell: (t) => cell(t, "low", "fmeasure") },
+    { label: "F1 95% high", numeric: true, cell: (t) => cell(t, "high", "fmeasure") },
+  ], ROUGE_TYPES.filter((t) => rouge[t]), { id: "rouge-table" });
+}
+
+function facts(job) {
+  const t = job.timing || {};
+  const m = job.memory || {};
+  const items = [
+    ["Id", h("span", { class: "mono" }, job.id)],
+    ["Model", h("span", { class: "mono" }, job.model)],
+    ["Dataset", describeDataset(job.dataset)],
+    ["Generation", describeGeneration(job.generation).join(" · ") || "defaults"],
+    ["Created", fmtTime(job.created_at)],
+    ["Started", fmtTime(job.started_at)],
+    ["Finished", fmtTime(job.finished_at)],
+    ["Work time", `${fmtSeconds(t.runtime_s)} (${fmtSeconds(t.seconds_per_sample)} per example)`],
+    ["Wall time running", fmtSeconds(t.active_s)],
+    ["Memory peak", `${fmtBytes(m.peak_bytes)}${m.device ? ` on ${m.device}` : ""}${m.peak_source ? ` (${m.peak_source})` : ""}`],
+  ];
+  if (job.tokens) items.push(["Tokens", `${job.tokens.input} in, ${job.tokens.output} out, ${job.tokens.truncated_inputs} inputs truncated`]);
+  if (job.padding) items.push(["Padding", `${job.padding.computed} computed, ${job.padding.avoided} avoided`]);
+  return h("dl", { class: "facts" }, items.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+function exampleTable(rows, columns, open, id) {
+  if (!rows.length) return h("p", { class: "muted" }, "None.");
+  return table([
+    { label: "Example", cell: (r) => h("button", { type: "button", class: "link", onclick: () => open(r.id) }, String(r.id)) },
+    ...columns,
+  ], rows, { id });
+}
+
+function batchCharts(batches) {
+  if (!batches || !batches.length) return h("p", { class: "muted" }, "No batch has finished yet.");
+  let clock = 0;
+  const points = batches.map((b) => {
+    clock += b.seconds;
+    return { x: clock, peak: b.peak_bytes, seconds: b.seconds, batch: b.batch, size: b.size };
+  });
+  const tip = (p) => `batch ${p.batch} (${p.size} examples), ends at ${fmtSeconds(p.x)}: peak ${fmtBytes(p.peak)}, ${fmtSeconds(p.seconds)}`;
+  return h("div", { class: "charts" },
+    lineChart(points.map((p) => ({ ...p, y: p.peak })), { caption: "Memory peak of each batch over device time",
+      xLabel: "device seconds (cumulative)", yLabel: "peak", yFormat: fmtBytes, xFormat: (v) => `${v}`, tooltip: tip }),
+    lineChart(points.map((p) => ({ ...p, y: p.seconds })), { caption: "Device seconds of each batch over device time",
+      xLabel: "device seconds (cumulative)", yLabel: "seconds", yFormat: (v) => `${v}`, xFormat: (v) => `${v}`, tooltip: tip }));
+}
+
+/** The example viewer: pick an example (select, previous, next) and see its texts and scores. */
+function exampleViewer(job, rowsById, order) {
+  const select = h("select", { id: "example-select" }, order.map((id) => h("option", { value: id }, String(id))));
+  const body = h("div", { class: "example-body", "aria-live": "polite" });
+  const step = (delta) => {
+    const i = Math.min(order.length - 1, Math.max(0, order.indexOf(select.value) + delta));
+    show(order[i]);
+  };
+  async function show(id, focus = false) {
+    select.value = id;
+    const row = rowsById.get(id);
+    replace(body, h("p", { class: "muted" }, "Loading the article…"));
+    let example;
+    try {
+      example = await api(`/evaluate/${encodeURIComponent(job.id)}/examples/${encodeURIComponent(id)}`);
+    } catch (error) {
+      replace(body, notice(error.message));
+      return;
+    }
+    const scores = row && row.rouge ? table([
+      { label: "Metric", cell: (t) => ROUGE_NAMES[t] },
+      ...["precision", "recall", "fmeasure"].map((m) => ({ label: m === "fmeasure" ? "F1" : m[0].toUpperCase() + m.slice(1),
+        numeric: true, cell: (t) => fmt(row.rouge[t][m]) })),
+    ], ROUGE_TYPES.filter((t) => row.rouge[t]), { class: "compact" }) : h("p", { class: "muted" }, "No ROUGE for this example.");
+    replace(body,
+      row && row.error ? notice(`Error: ${row.error}`) : null,
+      h("div", { class: "texts" },
+        h("section", {}, h("h4", {}, "Summary"), h("p", { class: "text", id: "example-prediction" }, row ? row.prediction : "(not done yet)")),
+        h("section", {}, h("h4", {}, "Reference"), h("p", { class: "text pre" }, example.reference ?? "(none)"))),
+      scores,
+      row ? h("p", { class: "muted small" }, `${row.input_tokens} input tokens${row.truncated ? " (truncated)" : ""}, ` +
+        `${row.output_tokens} output tokens, ${fmtSeconds(row.seconds)}, batch peak ${fmtBytes(row.batch_peak_bytes)}`) : null,
+      h("details", { open: true }, h("summary", {}, "Article"), h("p", { class: "text pre article" }, example.text)));
+    if (focus) body.focus();
+  }
+  select.addEventListener("change", () => show(select.value));
+  const element = h("section", { id: "example-viewer", class: "card", "aria-labelledby": "viewer-title" },
+    h("h2", { id: "viewer-title" }, "Example viewer"),
+    h("div", { class: "toolbar" }, h("label", { for: "example-select" }, "Example"), select,
+      h("button", { type: "button", onclick: () => step(-1) }, "Previous"),
+      h("button", { type: "button", onclick: () => step(1) }, "Next")),
+    body);
+  body.tabIndex = -1;
+  element.show = show;
+  return element;
+}
+
+function results(job, rows, params) {
+  const rowsById = new Map(rows.map((r) => [String(r.id), r]));
+  const order = rows.map((r) => String(r.id));
+  const viewer = order.length ? exampleViewer(job, rowsById, order) : h("p", { class: "muted" }, "No example is done yet.");
+  const open = (id) => {
+    viewer.show(String(id), true);
+    viewer.scrollIntoView({ block: "start" });
+  };
+  const metric = h("select", { id: "distribution-metric" }, ROUGE_TYPES.map((t) => h("option", { value: t, selected: t === "rougeLsum" }, ROUGE_NAMES[t])));
+  const distribution = h("div");
+  const drawDistribution = () => {
+    const values = rows.map((r) => f1(r, metric.value)).filter((v) => v !== null);
+    replace(distribution, values.length
+      ? histogram(values, { caption: `${ROUGE_NAMES[metric.value]} F1 of ${values.length} examples`, xLabel: `${ROUGE_NAMES[metric.value]} F1` })
+      : h("p", { class: "muted" }, "No per-example ROUGE (no references, or nothing done yet)."));
+  };
+  metric.addEventListener("change", drawDistribution);
+  drawDistribution();
+  const scored = rows.filter((r) => f1(r, "rougeLsum") !== null);
+  const worst = [...scored].sort((a, b) => f1(a, "rougeLsum") - f1(b, "rougeLsum")).slice(0, TOP);
+  const slowest = [...rows].sort((a, b) => b.seconds - a.seconds).slice(0, TOP);
+  const errors = rows.filter((r) => r.error);
+  const element = h("div", {},
+    h("section", { class: "card", "aria-labelledby": "dist-title" }, h("h2", { id: "dist-title" }, "Per-example ROUGE"),
+      h("div", { class: "toolbar" }, h("label", { for: "distribution-metric" }, "Metric"), metric), distribution),
+    h("div", { class: "two card" },
+      h("section", { "aria-labelledby": "worst-title" }, h("h2", { id: "worst-title" }, "Worst-scoring examples"),
+        exampleTable(worst, [
+          { label: "ROUGE-Lsum F1", numeric: true, cell: (r) => fmt(f1(r, "rougeLsum")) },
+          { label: "ROUGE-2 F1", numeric: true, cell: (r) => fmt(f1(r, "rouge2")) },
+        ], open, "worst-table")),
+      h("section", { "aria-labelledby": "slow-title" }, h("h2", { id: "slow-title" }, "Slowest examples"),
+        exampleTable(slowest, [
+          { label: "Seconds", numeric: true, cell: (r) => fmtSeconds(r.seconds) },
+          { label: "Tokens in / out", numeric: true, cell: (r) => `${r.input_tokens} / ${r.output_tokens}` },
+        ], open, "slowest-table"))),
+    errors.length ? h("section", { class: "card", "aria-labelledby": "errors-title" }, h("h2", { id: "errors-title" }, `Errors (${errors.length})`),
+      exampleTable(errors.slice(0, 50), [{ label: "Error", cell: (r) => r.error }], open, "errors-table")) : null,
+    viewer);
+  const wanted = params.get("example");
+  if (order.length) viewer.show(wanted && rowsById.has(wanted) ? wanted : order[0]);
+  return element;
+}
+
+/** Render the job `id` into `main`; returns a function that stops its polling. */
+export function jobView(main, { fail }, id, params) {
+  let timer;
+  let stopped = false;
+  let shownDone = -1;
+  let lastStatus;
+  const head = h("div");
+  const rougeSlot = h("div");
+  const batchSlot = h("div");
+  const resultSlot = h("div");
+  const messages = h("div", { class: "messages" });
+  let job;
+  let rows = [];
+  let jsonl = "";
+
+  const cancel = h("button", { type: "button", class: "danger", onclick: async () => {
+    cancel.disabled = true;
+    try {
+      await api(`/evaluate/${encodeURIComponent(id)}`, { method: "DELETE" });
+    } catch (error) {
+      messages.replaceChildren(notice(error.message));
+    }
+    cancel.disabled = false;
+    refresh();
+  } }, "Cancel job");
+  const downloads = h("div", { class: "toolbar" },
+    h("button", { type: "button", id: "download-predictions",
+      onclick: () => download(`${id}-predictions.jsonl`, jsonl, "application/x-ndjson") }, "Download predictions (JSONL)"),
+    h("button", { type: "button", id: "download-metrics", onclick: () => download(`${id}-metrics.json`,
+      JSON.stringify(job, null, 2), "application/json") }, "Download metrics (JSON)"));
+
+  async function refresh() {
+    clearTimeout(timer);
+    if (stopped) return;
+    try {
+      job = await api(`/evaluate/${encodeURIComponent(id)}`);
+      const progressChanged = job.progress.done !== shownDone || job.status !== lastStatus;
+      if (progressChanged) ({ text: jsonl, rows } = await predictions(id));
+      if (stopped) return;
+      replace(head,
+        h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, `Job ${shortId(id)}`), statusBadge(job.status),
+          ACTIVE.has(job.status) ? cancel : null),
+        job.error ? notice(job.error) : null,
+        progressBar(job.progress, job.status),
+        facts(job));
+      replace(rougeSlot, rougeTable(job.rouge));
+      replace(batchSlot, batchCharts(job.memory && job.memory.batches));
+      if (progressChanged) {
+        const focused = resultSlot.contains(document.activeElement);
+        replace(resultSlot, results(job, rows, params));
+        shownDone = job.progress.done;
+        lastStatus = job.status;
+        if (focused) resultSlot.querySelector("select")?.focus();
+      }
+      main.setAttribute("aria-busy", "false");
+    } catch (error) {
+      if (fail(error)) return;
+    }
+    if (!stopped && job && ACTIVE.has(job.status)) timer = setTimeout(refresh, 1500);
+  }
+
+  replace(main,
+    head,
+    messages,
+    downloads,
+    h("section", { class: "card", "aria-labelledby": "rouge-title" }, h("h2", { id: "rouge-title" }, "ROUGE (0–100, bootstrap 95% interval)"), rougeSlot),
+    h("section", { class: "card", "aria-labelledby": "batch-title" }, h("h2", { id: "batch-title" }, "Memory and device time per batch"), batchSlot),
+    resultSlot);
+  refresh();
+  return () => {
+    stopped = true;
+    clearTimeout(timer);
+  };
+}
+

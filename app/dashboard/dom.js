@@ -99,7 +99,7 @@ const GENERATION_LABELS = {
 export function describeGeneration(generation) {
   return Object.entries(generation || {})
     .filter(([, value]) => value !== null && value !== undefined)
-    .map(([name, value]) => `${GENERATION_LABELS[name] || name} ${value}`);
+    .map(([name, value]) => `${GENERATION_LABELS[name] || name} ${typeof value === "object" ? JSON.stringify(value) : value}`);
 }
 
 /** A <table> from column specs {label, cell(row) -> node|text, numeric?} and rows. */

@@ -10,6 +10,7 @@ import {
 
 const ACTIVE = new Set(["queued", "running"]);
 const TOP = 8;
+const BIG_JOB = 2000; // examples; past this a running job's predictions are fetched again every 15 s, not every poll
 
 function f1(row, type) {
   return row.rouge && row.rouge[type] ? row.rouge[type].fmeasure : null;
@@ -74,8 +75,9 @@ function batchCharts(batches) {
       xLabel: "device seconds (cumulative)", yLabel: "seconds", yFormat: (v) => `${v}`, xFormat: (v) => `${v}`, tooltip: tip }));
 }
 
-/** The example viewer: pick an example (select, previous, next) and see its texts and scores. */
-function exampleViewer(job, rowsById, order) {
+/** The example viewer: pick an example (select, previous, next) and see its texts and scores.
+ * `state.example` keeps the one shown across the re-renders of a running job. */
+function exampleViewer(job, rowsById, order, state) {
   const select = h("select", { id: "example-select" }, order.map((id) => h("option", { value: id }, String(id))));
   const body = h("div", { class: "example-body", "aria-live": "polite" });
   const step = (delta) => {
@@ -84,6 +86,7 @@ function exampleViewer(job, rowsById, order) {
   };
   async function show(id, focus = false) {
     select.value = id;
+    state.example = id;
     const row = rowsById.get(id);
     replace(body, h("p", { class: "muted" }, "Loading the article…"));
     let example;
@@ -121,10 +124,10 @@ function exampleViewer(job, rowsById, order) {
   return element;
 }
 
-function results(job, rows, params) {
+function results(job, rows, state) {
   const rowsById = new Map(rows.map((r) => [String(r.id), r]));
   const order = rows.map((r) => String(r.id));
-  const viewer = order.length ? exampleViewer(job, rowsById, order) : h("p", { class: "muted" }, "No example is done yet.");
+  const viewer = order.length ? exampleViewer(job, rowsById, order, state) : h("p", { class: "muted" }, "No example is done yet.");
   const open = (id) => {
     viewer.show(String(id), true);
     viewer.scrollIntoView({ block: "start" });
@@ -160,8 +163,7 @@ function results(job, rows, params) {
     errors.length ? h("section", { class: "card", "aria-labelledby": "errors-title" }, h("h2", { id: "errors-title" }, `Errors (${errors.length})`),
       exampleTable(errors.slice(0, 50), [{ label: "Error", cell: (r) => r.error }], open, "errors-table")) : null,
     viewer);
-  const wanted = params.get("example");
-  if (order.length) viewer.show(wanted && rowsById.has(wanted) ? wanted : order[0]);
+  if (order.length) viewer.show(state.example && rowsById.has(state.example) ? state.example : order[0]);
   return element;
 }
 
@@ -179,6 +181,8 @@ export function jobView(main, { fail }, id, params) {
   let job;
   let rows = [];
   let jsonl = "";
+  let fetchedAt = 0;
+  const state = { example: params.get("example") };
 
   const cancel = h("button", { type: "button", class: "danger", onclick: async () => {
     cancel.disabled = true;
@@ -201,8 +205,12 @@ export function jobView(main, { fail }, id, params) {
     if (stopped) return;
     try {
       job = await api(`/evaluate/${encodeURIComponent(id)}`);
-      const progressChanged = job.progress.done !== shownDone || job.status !== lastStatus;
-      if (progressChanged) ({ text: jsonl, rows } = await predictions(id));
+      const wait = rows.length > BIG_JOB ? 15_000 : 0;
+      const progressChanged = job.status !== lastStatus || (job.progress.done !== shownDone && Date.now() - fetchedAt >= wait);
+      if (progressChanged) {
+        ({ text: jsonl, rows } = await predictions(id));
+        fetchedAt = Date.now();
+      }
       if (stopped) return;
       replace(head,
         h("div", { class: "title-row" }, h("h1", { tabindex: -1 }, `Job ${shortId(id)}`), statusBadge(job.status),
@@ -214,7 +222,7 @@ export function jobView(main, { fail }, id, params) {
       replace(batchSlot, batchCharts(job.memory && job.memory.batches));
       if (progressChanged) {
         const focused = resultSlot.contains(document.activeElement);
-        replace(resultSlot, results(job, rows, params));
+        replace(resultSlot, results(job, rows, state));
         shownDone = job.progress.done;
         lastStatus = job.status;
         if (focused) resultSlot.querySelector("select")?.focus();

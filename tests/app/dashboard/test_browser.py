@@ -53,14 +53,22 @@ def test_a_finished_jobs_rouge_equals_the_api(site, page):
             expected = view["rouge"][rouge_type][part][measure]
             assert float(cell.get_attribute("data-value")) == expected
             assert cell.inner_text() == f"{expected:.2f}"
-    first = rows.splitlines()[0]
-    assert page.locator("#example-prediction").text_content() == json.loads(first)["prediction"]
+    stored = [json.loads(line) for line in rows.splitlines()]
+    assert page.locator("#example-prediction").text_content() == stored[0]["prediction"]
+    page.get_by_role("button", name="Next").click()
+    page.wait_for_function(f"document.getElementById('example-select').value === {json.dumps(stored[1]['id'])}")
+    page.wait_for_selector("#example-prediction")
+    assert page.locator("#example-prediction").text_content() == stored[1]["prediction"]
     with page.expect_download() as download:
         page.get_by_role("button", name="Download predictions (JSONL)").click()
     assert open(download.value.path(), encoding="utf-8").read() == rows
     with page.expect_download() as download:
         page.get_by_role("button", name="Download metrics (JSON)").click()
     assert json.loads(open(download.value.path(), encoding="utf-8").read()) == view
+    article = site.client.get(f"/evaluate/{job_id}/examples/{stored[3]['id']}").json()["text"]
+    open_page(page, f"{site.url}/#/jobs/{job_id}?example={stored[3]['id']}", ".article")
+    assert page.locator(".article").text_content() == article
+    assert page.locator("#example-prediction").text_content() == stored[3]["prediction"]
     open_page(page, f"{site.url}/#/jobs", f'tr[data-job="{job_id}"] dd[data-type="rougeLsum"]')
     listed = page.locator(f'tr[data-job="{job_id}"] dd[data-type="rougeLsum"]')
     assert float(listed.get_attribute("data-value")) == view["rouge"]["rougeLsum"]["mid"]["fmeasure"]

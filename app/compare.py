@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from app.errors import ApiError
 from app.jobs.service import JobService
-from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, InvalidOption, Run, RunMismatch, compare_runs
+from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, Run, RunMismatch, compare_runs
+from bart_opt.errors import InvalidRequest
 
 MAX_JOBS = 8
 MAX_RESAMPLES = 10_000
@@ -36,29 +37,26 @@ class CompareService:
     ) -> dict:
         """The `bart_opt.compare.compare_runs` result for these jobs, baseline first.
 
-        Raises ApiError: 422 for fewer than two or more than `MAX_JOBS` ids, a repeated id or a bad
-        option; 404 for an unknown job; 409 for a job that has not succeeded; 422
-        ``datasets_differ`` when the jobs are not on the same examples.
+        Raises InvalidRequest (a 422 naming ``jobs``, ``metric``, ``resamples`` or ``top``) for fewer
+        than two or more than `MAX_JOBS` ids, a repeated id or a bad option; ApiError: 404 for an
+        unknown job, 409 for a job that has not succeeded, 422 ``datasets_differ`` when the jobs
+        are not on the same examples.
         """
         self._check_ids(job_ids)
         if not 1 <= resamples <= MAX_RESAMPLES:
-            raise ApiError(422, "invalid_request", f"resamples: must be from 1 to {MAX_RESAMPLES}", field="resamples")
+            raise InvalidRequest("resamples", f"must be from 1 to {MAX_RESAMPLES}")
         runs = [self._run(job_id) for job_id in job_ids]
         try:
             return compare_runs(runs, metric=metric, resamples=resamples, seed=seed, top=top)
-        except InvalidOption as error:
-            raise ApiError(422, "invalid_request", str(error), field=error.field) from error
         except RunMismatch as error:
             raise ApiError(422, "datasets_differ", str(error), field="jobs") from error
 
     def _check_ids(self, job_ids: list[str]) -> None:
         if not 2 <= len(job_ids) <= MAX_JOBS:
-            raise ApiError(422, "invalid_request",
-                           f"jobs: give 2 to {MAX_JOBS} job ids separated by commas (got {len(job_ids)})",
-                           field="jobs")  # fmt: skip
+            raise InvalidRequest("jobs", f"give 2 to {MAX_JOBS} job ids separated by commas (got {len(job_ids)})")
         repeated = sorted({job_id for job_id in job_ids if job_ids.count(job_id) > 1})
         if repeated:
-            raise ApiError(422, "invalid_request", f"jobs: {repeated[0]!r} is given twice", field="jobs")
+            raise InvalidRequest("jobs", f"{repeated[0]!r} is given twice")
 
     def _run(self, job_id: str) -> Run:
         view = self.jobs.get(job_id)

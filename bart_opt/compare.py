@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE
 from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES
 
@@ -51,14 +52,6 @@ _CELLS_PER_CHUNK = 2_000_000  # resample this many example draws at a time, what
 
 class RunMismatch(ValueError):
     """The runs are not on the same dataset (different ids or references), or cannot be paired."""
-
-
-class InvalidOption(ValueError):
-    """A bad option of the comparison; `field` names it (``metric``, ``resamples``, ``top``, ``runs``)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass
@@ -132,7 +125,7 @@ def _check_diffs(diffs: Sequence[float]) -> np.ndarray:
 
 def _check_count(name: str, value: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RESAMPLES:
-        raise InvalidOption(name, f"must be an integer from 1 to {MAX_RESAMPLES}, got {value!r}")
+        raise InvalidRequest(name, f"must be an integer from 1 to {MAX_RESAMPLES}, got {value!r}")
 
 
 # ---- comparing runs ----------------------------------------------------------------------------
@@ -150,19 +143,19 @@ def compare_runs(
 
     `metric` is the ROUGE type that ranks the per-example wins and losses (all four types are
     tested); `top` is how many of each to return, with their texts. Raises `RunMismatch` when the
-    runs are not on the same dataset or share no scored example, `InvalidOption` for a bad
-    argument, ValueError for a malformed row.
+    runs are not on the same dataset or share no scored example, `InvalidRequest` for a bad
+    argument (``metric``, ``resamples``, ``top``, ``runs``), ValueError for a malformed row.
     """
     if len(runs) < 2:
-        raise InvalidOption("runs", f"compare needs at least two runs, got {len(runs)}")
+        raise InvalidRequest("runs", f"compare needs at least two runs, got {len(runs)}")
     if metric not in DEFAULT_ROUGE_TYPES:
-        raise InvalidOption("metric", f"must be one of {', '.join(DEFAULT_ROUGE_TYPES)}, got {metric!r}")
+        raise InvalidRequest("metric", f"must be one of {', '.join(DEFAULT_ROUGE_TYPES)}, got {metric!r}")
     if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 100:
-        raise InvalidOption("top", f"must be an integer from 0 to 100, got {top!r}")
+        raise InvalidRequest("top", f"must be an integer from 0 to 100, got {top!r}")
     _check_count("resamples", resamples)
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
-        raise InvalidOption("runs", f"the runs need distinct names, got {names}")
+        raise InvalidRequest("runs", f"the runs need distinct names, got {names}")
     by_id = [_rows_by_id(run) for run in runs]
     _check_same_dataset(runs, by_id)
     ids = sorted(by_id[0])

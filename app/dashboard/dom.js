@@ -85,9 +85,11 @@ export function describeDataset(dataset) {
   return JSON.stringify(dataset);
 }
 
+// The settings people choose, in this order; the rest of a stored spec (token ids) only with {all: true}.
 const GENERATION_LABELS = {
   num_beams: "beams",
   min_length: "min",
+  min_new_tokens: "min new",
   max_length: "max",
   max_new_tokens: "max new",
   length_penalty: "len. penalty",
@@ -95,11 +97,14 @@ const GENERATION_LABELS = {
   early_stopping: "early stop",
 };
 
-/** The generation settings as short "name value" pieces (unset options left out; unknown ones shown as they are). */
-export function describeGeneration(generation) {
-  return Object.entries(generation || {})
-    .filter(([, value]) => value !== null && value !== undefined)
-    .map(([name, value]) => `${GENERATION_LABELS[name] || name} ${typeof value === "object" ? JSON.stringify(value) : value}`);
+/** The generation settings as short "name value" pieces (unset ones left out; unknown ones shown as they are with `all`). */
+export function describeGeneration(generation, { all = false } = {}) {
+  const settings = generation || {};
+  const names = [...Object.keys(GENERATION_LABELS).filter((name) => name in settings),
+    ...(all ? Object.keys(settings).filter((name) => !(name in GENERATION_LABELS)) : [])];
+  return names
+    .filter((name) => settings[name] !== null && settings[name] !== undefined)
+    .map((name) => `${GENERATION_LABELS[name] || name} ${typeof settings[name] === "object" ? JSON.stringify(settings[name]) : settings[name]}`);
 }
 
 /** A <table> from column specs {label, cell(row) -> node|text, numeric?} and rows. */

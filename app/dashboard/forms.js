@@ -4,10 +4,11 @@
 import { h, notice } from "./dom.js";
 
 const NUMBER_OPTIONS = [
-  { name: "num_beams", label: "Beams", min: 1, max: 16, step: 1 },
-  { name: "min_length", label: "Min length", min: 0, max: 1024, step: 1 },
-  { name: "max_length", label: "Max length", min: 1, max: 1024, step: 1 },
-  { name: "max_new_tokens", label: "Max new tokens", min: 1, max: 1024, step: 1 },
+  { name: "num_beams", label: "Beams", min: 1, step: 1 },
+  { name: "min_length", label: "Min length", min: 0, step: 1 },
+  { name: "min_new_tokens", label: "Min new tokens", min: 0, step: 1 },
+  { name: "max_length", label: "Max length", min: 1, step: 1 },
+  { name: "max_new_tokens", label: "Max new tokens", min: 1, step: 1 },
   { name: "length_penalty", label: "Length penalty", step: "any" },
   { name: "no_repeat_ngram_size", label: "No-repeat n-gram", min: 0, step: 1 },
 ];

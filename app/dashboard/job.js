@@ -39,7 +39,7 @@ function facts(job) {
     ["Id", h("span", { class: "mono" }, job.id)],
     ["Model", h("span", { class: "mono" }, job.model)],
     ["Dataset", describeDataset(job.dataset)],
-    ["Generation", describeGeneration(job.generation).join(" · ") || "defaults"],
+    ["Generation", describeGeneration(job.generation, { all: true }).join(" · ") || "defaults"],
     ["Created", fmtTime(job.created_at)],
     ["Started", fmtTime(job.started_at)],
     ["Finished", fmtTime(job.finished_at)],

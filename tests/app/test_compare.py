@@ -7,6 +7,7 @@ import pytest
 from app.compare import MAX_JOBS, CompareService
 from app.errors import ApiError
 from bart_opt.compare import Run, compare_runs
+from bart_opt.errors import InvalidRequest
 from tests.bart_opt.test_compare import row, scores
 
 
@@ -48,22 +49,33 @@ def test_the_comparison_is_the_library_one_with_the_jobs_settings(service):
 
 
 @pytest.mark.parametrize(
-    ("ids", "kwargs", "status", "code", "field", "message"),
+    ("ids", "kwargs", "field", "message"),
     [
-        (["a"], {}, 422, "invalid_request", "jobs", "give 2 to 8 job ids"),
-        (["a"] + [f"j{i}" for i in range(MAX_JOBS)], {}, 422, "invalid_request", "jobs", "(got 9)"),
-        (["a", "b", "a"], {}, 422, "invalid_request", "jobs", "'a' is given twice"),
-        (["a", "nope"], {}, 404, "job_not_found", None, "no evaluation job 'nope'"),
-        (["a", "busy"], {}, 409, "job_not_finished", "jobs", "job busy is running"),
-        (["a", "other"], {}, 422, "datasets_differ", "jobs", "a and other are not on the same dataset"),
-        (["a", "b"], {"metric": "bleu"}, 422, "invalid_request", "metric", "metric: must be one of"),
-        (["a", "b"], {"resamples": 10_001}, 422, "invalid_request", "resamples", "from 1 to 10000"),
-        (["a", "b"], {"top": 101}, 422, "invalid_request", "top", "top: must be an integer"),
+        (["a"], {}, "jobs", "give 2 to 8 job ids"),
+        (["a"] + [f"j{i}" for i in range(MAX_JOBS)], {}, "jobs", "(got 9)"),
+        (["a", "b", "a"], {}, "jobs", "'a' is given twice"),
+        (["a", "b"], {"metric": "bleu"}, "metric", "must be one of rouge1"),
+        (["a", "b"], {"resamples": 10_001}, "resamples", "from 1 to 10000"),
+        (["a", "b"], {"top": 101}, "top", "must be an integer from 0 to 100"),
     ],
 )  # fmt: skip
-def test_refusals(service, ids, kwargs, status, code, field, message):
-    with pytest.raises(ApiError) as caught:
+def test_caller_mistakes_name_their_field(service, ids, kwargs, field, message):
+    with pytest.raises(InvalidRequest) as caught:
         service.compare(ids, **kwargs)
+    assert caught.value.field == field and message in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("ids", "status", "code", "field", "message"),
+    [
+        (["a", "nope"], 404, "job_not_found", None, "no evaluation job 'nope'"),
+        (["a", "busy"], 409, "job_not_finished", "jobs", "job busy is running"),
+        (["a", "other"], 422, "datasets_differ", "jobs", "a and other are not on the same dataset"),
+    ],
+)  # fmt: skip
+def test_jobs_that_cannot_be_compared(service, ids, status, code, field, message):
+    with pytest.raises(ApiError) as caught:
+        service.compare(ids)
     error = caught.value
     assert (error.status, error.code, error.field) == (status, code, field)
     assert message in error.message

@@ -10,7 +10,6 @@ import pytest
 
 from bart_opt.cli import main
 from bart_opt.compare import (
-    InvalidOption,
     Run,
     RunMismatch,
     approximate_randomization,
@@ -18,6 +17,7 @@ from bart_opt.compare import (
     load_run,
     paired_bootstrap,
 )
+from bart_opt.errors import InvalidRequest
 from bart_opt.rouge import DEFAULT_ROUGE_TYPES
 
 
@@ -151,15 +151,15 @@ def test_three_runs_are_each_compared_with_the_first():
      ({"top": -1}, "top"), ({"top": 1.5}, "top")],
 )  # fmt: skip
 def test_bad_options_name_their_field(kwargs, field):
-    with pytest.raises(InvalidOption) as caught:
+    with pytest.raises(InvalidRequest) as caught:
         compare_runs([run("a", [1.0]), run("b", [2.0])], **kwargs)
     assert caught.value.field == field and str(caught.value).startswith(f"{field}: ")
 
 
 def test_malformed_inputs_are_refused_by_name():
-    with pytest.raises(InvalidOption, match="at least two runs"):
+    with pytest.raises(InvalidRequest, match="at least two runs"):
         compare_runs([run("a", [1.0])])
-    with pytest.raises(InvalidOption, match="distinct names"):
+    with pytest.raises(InvalidRequest, match="distinct names"):
         compare_runs([run("a", [1.0]), run("a", [1.0])])
     with pytest.raises(ValueError, match="example 'doc-0' appears twice"):
         compare_runs([run("a", [1.0]), Run("b", [row("doc-0", 1.0), row("doc-0", 2.0)])])

@@ -5,10 +5,15 @@ top-k candidates, the same -1e9 masks, the same length-penalty expressions), so 
 tokens are identical. What changes is the state it runs on: cross-attention keys/values are
 kept once per input, beam reordering touches only the self-attention cache, and an input whose
 result can no longer change leaves the working batch.
+
+The same mechanism serves cancellation: a caller may pass ``cancelled``, polled between decoder
+steps, and the inputs it names leave the working batch at that step; the others run on exactly
+as they would have without them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
@@ -19,13 +24,20 @@ from bart_opt.inputs import check_inputs
 from bart_opt.processors import process_scores
 from bart_opt.spec import GenerationSpec
 
+Cancelled = Callable[[], Collection[int]]
+"""Returns the batch rows (indices into ``input_ids``) whose result is no longer wanted."""
+
 
 @torch.inference_mode()
-def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None = None, **kwargs) -> torch.Tensor:
+def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None = None, *,
+             cancelled: Cancelled | None = None, **kwargs) -> torch.Tensor:
     """Token ids (B, L) exactly as transformers' `generate` returns them for the same weights.
 
     Settings come from `spec` when given (then no keyword options are allowed), else they are
     resolved from `kwargs` over the checkpoint's generation config (`Bart.generation_spec`).
+    `cancelled`, when given, is called after every decoder step; the rows it returns stop
+    there (a row cancelled before it finished comes back as the decoder start token and
+    padding) and every other row's ids are the ones an uncancelled call gives.
     """
     if spec is None:
         spec = model.generation_spec(kwargs)
@@ -36,8 +48,16 @@ def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None 
     cross_kv = model.cross_keys_values(memory)
     del memory  # only the per-layer keys/values are needed from here on
     if spec.num_beams == 1:
-        return _greedy(model, ids.shape[0], cross_kv, enc_mask, spec)
-    return _beam_search(model, ids.shape[0], cross_kv, enc_mask, spec)
+        return _greedy(model, ids.shape[0], cross_kv, enc_mask, spec, cancelled)
+    return _beam_search(model, ids.shape[0], cross_kv, enc_mask, spec, cancelled)
+
+
+def _cancelled_rows(cancelled: Cancelled | None, items: torch.Tensor) -> torch.Tensor | None:
+    """(A,) bool: which working inputs (original rows `items` (A,)) the caller cancelled; None if none."""
+    rows = cancelled() if cancelled is not None else ()
+    if not rows:
+        return None
+    return torch.isin(items, torch.tensor(sorted(rows), dtype=items.dtype, device=items.device))
 
 
 def _select_inputs(cross_kv, enc_mask, rows: torch.Tensor):
@@ -55,10 +75,10 @@ def _stop_hits(tokens: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.T
     return hits
 
 
-def _greedy(model, batch: int, cross_kv, enc_mask, s: GenerationSpec) -> torch.Tensor:
+def _greedy(model, batch: int, cross_kv, enc_mask, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
     device = model.device
-    out = torch.full((batch, s.max_length), s.pad_token_id if s.pad_token_id is not None else -1,
-                     dtype=torch.long, device=device)  # (B, L)
+    fill = s.pad_token_id if s.pad_token_id is not None else -1
+    out = torch.full((batch, s.max_length), fill, dtype=torch.long, device=device)  # (B, L)
     out[:, 0] = s.decoder_start_token_id
     active = torch.arange(batch, device=device)  # (A,) rows of `out` still generating
     seqs = out[:, :1].clone()  # (A, cur_len) tokens of the active rows
@@ -73,6 +93,10 @@ def _greedy(model, batch: int, cross_kv, enc_mask, s: GenerationSpec) -> torch.T
         done = _stop_hits(tokens, cur_len, s)
         cur_len += 1
         model.log_mem("greedy step %d", cur_len - 1)
+        dropped = _cancelled_rows(cancelled, active)
+        if dropped is not None:
+            out[active[dropped & ~done], 1:] = fill
+            done |= dropped
         if bool(done.all()):
             return out[:, :cur_len]
         if bool(done.any()):
@@ -175,7 +199,8 @@ def _update_improvable(st: BeamState, cur_len: int, s: GenerationSpec) -> None:
     st.improvable = st.improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
-def _beam_search(model, batch: int, cross_kv, enc_mask, s: GenerationSpec) -> torch.Tensor:
+def _beam_search(model, batch: int, cross_kv, enc_mask, s: GenerationSpec,
+                 cancelled: Cancelled | None) -> torch.Tensor:
     nb = s.num_beams
     device = model.device
     st = _init_beams(batch, nb, s, device)
@@ -201,6 +226,9 @@ def _beam_search(model, batch: int, cross_kv, enc_mask, s: GenerationSpec) -> to
         if bool(done.any()):
             results[st.items[done]] = st.finished[done, 0]
             result_lengths[st.items[done]] = st.finished_lengths[done, 0]
+        dropped = _cancelled_rows(cancelled, st.items)
+        if dropped is not None:
+            done |= dropped  # their `results` rows keep the start token and padding they began with
         if bool(done.all()):
             return results[:, : 1 + int(result_lengths.max())]
         if bool(done.any()):

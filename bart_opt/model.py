@@ -27,7 +27,7 @@ from transformers import BartConfig, GenerationConfig
 
 from bart_opt.cache import KVCache
 from bart_opt.config import ACTIVATIONS, validate_config
-from bart_opt.generation import generate
+from bart_opt.generation import Cancelled, generate
 from bart_opt.inputs import check_inputs, encoder_mask, shift_right
 from bart_opt.loading import load_pretrained
 from bart_opt.memory import LoggingMixin
@@ -336,12 +336,15 @@ class Bart(LoggingMixin, nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         spec: GenerationSpec | None = None,
+        *,
+        cancelled: Cancelled | None = None,
         **generation_kwargs,
     ) -> torch.Tensor:
         """Greedy or beam search; returns the same (B, L) ids as transformers' `generate` for these weights.
 
         Settings come from `spec`, or default to `self.generation_config` (the checkpoint's
         generation_config.json) with keyword arguments overriding them. Invalid or unsupported
-        options raise `bart_opt.InvalidRequest` (a ValueError) naming the option.
+        options raise `bart_opt.InvalidRequest` (a ValueError) naming the option. `cancelled`
+        (polled between decoder steps) stops the rows it returns; see `bart_opt.generation.generate`.
         """
-        return generate(self, input_ids, attention_mask, spec, **generation_kwargs)
+        return generate(self, input_ids, attention_mask, spec, cancelled=cancelled, **generation_kwargs)

@@ -19,6 +19,7 @@ result back per request (the service's micro-batcher).
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,9 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bart_opt.batching import DEFAULT_OOM_ERRORS, collate, plan_batches, run_with_oom_split, trim_pad_columns
+from bart_opt.batching import (
+    DEFAULT_OOM_ERRORS, SplitOutcome, collate, plan_batches, run_with_oom_split, trim_pad_columns,
+)
 from bart_opt.config import resolve_dtype
 from bart_opt.errors import InvalidRequest
+from bart_opt.generation import Cancelled
 from bart_opt.memory import measure
 from bart_opt.rouge import RougeScorer
 from bart_opt.spec import GenerationSpec
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
     from bart_opt.model import Bart
 
 PHASES = ("tokenize", "generate", "decode", "score")
+CANCELLED = "cancelled: the caller withdrew this input before its summary was finished"
 DEFAULT_MAX_BATCH_TOKENS = 32768  # the seed's 8 inputs x 1024 tokens x 4 beams
 DEFAULT_MAX_BATCH_SIZE = 64
 
@@ -56,7 +61,7 @@ class SummaryResult:
     timing: seconds per phase: tokenize, generate, decode, score, total.
     batches: one dict per model call: size, columns, tokens, padding_computed,
         padding_avoided, num_beams, budget_tokens, seconds, positions.
-    errors: per text None, or why it has no summary (out of memory even alone).
+    errors: per text None, or why it has no summary (out of memory even alone, or `CANCELLED`).
     generation: the `GenerationSpec` that ran, as a dict (`GenerationSpec.to_dict`).
     oom_splits: how many times a batch was halved after running out of memory.
     """
@@ -217,12 +222,15 @@ class Summarizer:
 
     def summarize(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
                   encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
-                  **generation_kwargs) -> SummaryResult:
+                  cancelled: Cancelled | None = None, **generation_kwargs) -> SummaryResult:
         """Summarize `texts` (and score them against `references` when given).
 
         Generation settings are `generation` (a resolved `GenerationSpec`) or, without it,
         keyword options over the checkpoint's generation config (`generation_spec`).
         `encoded` (from `encode(texts)`) skips tokenizing again when the caller already did.
+        `cancelled()` returns the positions (into `texts`) whose result is no longer wanted; it
+        is polled before each model call and between decoder steps, and those inputs stop there
+        with an empty summary and the error `CANCELLED` while the others run unchanged.
         Raises `InvalidRequest` (a ValueError) on bad input.
         """
         start = time.perf_counter()
@@ -238,7 +246,8 @@ class Summarizer:
                     raise ValueError(f"encoded has {len(encoded)} entries for {len(texts)} texts")
                 tokenize_s = time.perf_counter() - tick
                 outcomes = [
-                    self._run_batch(plan, encoded, references, spec) for plan in self.plan(encoded, spec.num_beams)
+                    self._run_batch(plan, encoded, references, spec, cancelled)
+                    for plan in self.plan(encoded, spec.num_beams)
                 ]
             finally:
                 self.model.attach_log(None)
@@ -276,7 +285,7 @@ class Summarizer:
 
     def summarize_groups(self, groups: Sequence[tuple[Sequence[str], Sequence[str | None] | None]], *,
                          encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
-                         **generation_kwargs) -> list[SummaryResult]:
+                         cancelled: Cancelled | None = None, **generation_kwargs) -> list[SummaryResult]:
         """Run the texts of several requests in one call and split the result per request.
 
         `groups` is a list of ``(texts, references_or_None)``. Each returned result has
@@ -286,7 +295,8 @@ class Summarizer:
         ``positions`` and the items' ``call`` renumbered within the request); `memory`
         is the shared call's report with ``"share"``: this request's fraction of the
         call's input tokens. `encoded` holds every group's `encode` output, in order, when
-        the caller already tokenized.
+        the caller already tokenized; `cancelled` returns positions into all groups' texts, in
+        order (see `summarize`).
         """
         texts: list[str] = []
         references: list[str | None] = []
@@ -300,7 +310,7 @@ class Summarizer:
             references.extend(group_refs if group_refs is not None else [None] * len(group_texts))
         has_refs = any(refs is not None for _, refs in groups)
         combined = self.summarize(texts, references if has_refs else None, encoded=encoded, generation=generation,
-                                  **generation_kwargs)
+                                  cancelled=cancelled, **generation_kwargs)
         total_tokens = sum(item["input_tokens"] for item in combined.items) or 1
         return [
             self._group_result(combined, lo, hi, group_refs is not None, total_tokens)
@@ -359,22 +369,34 @@ class Summarizer:
                                  "give generation options either as a spec or as keywords, not both")
         return generation
 
-    def _run_batch(self, plan: list[int], encoded: list[Encoded], references, spec: GenerationSpec) -> BatchOutcome:
-        """Generate, decode and score one planned batch, splitting it on out-of-memory."""
+    def _run_batch(self, plan: list[int], encoded: list[Encoded], references, spec: GenerationSpec,
+                   cancelled: Cancelled | None = None) -> BatchOutcome:
+        """Generate, decode and score one planned batch, splitting it on out-of-memory.
+
+        Inputs `cancelled` names before the batch starts never reach the model; inputs it names
+        by the end of their model call are not decoded. Both get the error `CANCELLED`.
+        """
         calls: list[dict] = []
+        withdrawn = _positions(cancelled)
 
         def call(positions: list[int]) -> list[torch.Tensor]:
-            sequences, stats = self._generate(positions, encoded, spec)
+            sequences, stats = self._generate(positions, encoded, spec, cancelled)
             calls.append(stats)
             return sequences
 
-        split = run_with_oom_split(call, plan, oom_errors=self.oom_errors, on_oom=_free_device_cache)
-        outcome = BatchOutcome(positions=list(plan), summaries={}, items={}, errors=dict(split.errors),
+        live = [p for p in plan if p not in withdrawn]
+        split = SplitOutcome()
+        if live:
+            split = run_with_oom_split(call, live, oom_errors=self.oom_errors, on_oom=_free_device_cache)
+            withdrawn = _positions(cancelled)
+        errors = {**split.errors, **{p: CANCELLED for p in plan if p in withdrawn}}
+        outcome = BatchOutcome(positions=list(plan), summaries={}, items={}, errors=errors,
                                calls=calls, oom_splits=split.splits, timing=dict.fromkeys(PHASES, 0.0))
         for index, (positions, stats) in enumerate(zip(split.calls, calls)):
-            sequences = [split.results[p] for p in positions]
-            self._decode_and_score(outcome, index, stats, sequences, encoded, references)
-        for p, message in split.errors.items():
+            kept = [p for p in positions if p not in errors]
+            sequences = [split.results[p] for p in kept]
+            self._decode_and_score(outcome, index, stats, kept, sequences, encoded, references)
+        for p, message in errors.items():
             outcome.summaries[p] = ""
             outcome.items[p] = {
                 "input_tokens": len(encoded[p].ids), "truncated": encoded[p].truncated, "output_tokens": 0,
@@ -383,16 +405,18 @@ class Summarizer:
             }
         return outcome
 
-    def _generate(self, positions: list[int], encoded: list[Encoded],
-                  spec: GenerationSpec) -> tuple[list[torch.Tensor], dict]:
+    def _generate(self, positions: list[int], encoded: list[Encoded], spec: GenerationSpec,
+                  cancelled: Cancelled | None = None) -> tuple[list[torch.Tensor], dict]:
         """One model call: pad to the model's length, trim, generate. Returns rows and call stats."""
         if self.before_model_call is not None:
             self.before_model_call(positions)
         ids, mask = collate([encoded[p].ids for p in positions], self.pad_id, pad_to=self.max_input_tokens)
         ids, mask, trim = trim_pad_columns(ids, mask, self.pad_id)  # (B, T')
+        rows_cancelled = None if cancelled is None else functools.partial(_rows_of, cancelled, positions)
         tick = time.perf_counter()
         with torch.inference_mode(), self.model.log_phase("generate"):
-            sequences = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device), spec=spec)
+            sequences = self.model.generate(ids.to(self.device), attention_mask=mask.to(self.device), spec=spec,
+                                            cancelled=rows_cancelled)
         sequences = sequences.cpu()  # (B, L)
         stats = {
             "size": trim.rows, "columns": trim.columns_after, "tokens": trim.tokens,
@@ -402,10 +426,10 @@ class Summarizer:
         }
         return list(sequences), stats
 
-    def _decode_and_score(self, outcome: BatchOutcome, call_index: int, stats: dict,
+    def _decode_and_score(self, outcome: BatchOutcome, call_index: int, stats: dict, positions: list[int],
                           sequences: list[torch.Tensor], encoded: list[Encoded], references) -> None:
-        """Decode one call's rows as the reference scripts do, score them, fill `outcome`."""
-        positions = stats["positions"]
+        """Decode one call's rows (`sequences` of `positions`) as the reference scripts do, score them,
+        fill `outcome`."""
         tick = time.perf_counter()
         with self.model.log_phase("detokenize"):
             texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=True,
@@ -496,10 +520,21 @@ def check_text(text, field: str) -> None:
                                     "Unicode text; send UTF-8") from None
 
 
+def _positions(cancelled: Cancelled | None) -> set[int]:
+    """The positions `cancelled` names now, as a set (empty without a callback)."""
+    return set(cancelled()) if cancelled is not None else set()
+
+
+def _rows_of(cancelled: Cancelled, positions: list[int]) -> list[int]:
+    """The rows of a model call over `positions` whose input `cancelled` names now."""
+    withdrawn = _positions(cancelled)
+    return [row for row, p in enumerate(positions) if p in withdrawn]
+
+
 def _free_device_cache(positions: list[int], error: BaseException) -> None:
     """After an out-of-memory error, give cached CUDA blocks back before retrying."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-__all__ = ["BatchOutcome", "SummaryResult", "Summarizer", "check_text", "summarization_prefix"]
+__all__ = ["CANCELLED", "BatchOutcome", "SummaryResult", "Summarizer", "check_text", "summarization_prefix"]

@@ -130,3 +130,60 @@ def test_cross_attention_state_does_not_grow_with_beams(make_checkpoint):
     assert one >= cross_bytes, "the cross-attention state should be part of what is live while decoding"
     # Per-beam copies would add 7 x cross_bytes; the self-attention cache and logits of 8 beams are far smaller.
     assert eight - one < 0.25 * cross_bytes, (one, eight, cross_bytes)
+
+
+def _steps_and_ids(model, ids, mask, cancelled, **options):
+    """Working rows fed to each decoder step, and the generated ids, of one generate call."""
+    rows = []
+    original = model.decode_step
+
+    def spy(tokens, *args, **kwargs):
+        rows.append(tokens.shape[0])
+        return original(tokens, *args, **kwargs)
+
+    model.decode_step = spy
+    try:
+        return rows, model.generate(ids, mask, cancelled=cancelled, **options)
+    finally:
+        del model.decode_step
+
+
+def _unpadded(row: torch.Tensor, pad: int) -> list[int]:
+    tokens = row.tolist()
+    while tokens and tokens[-1] == pad:
+        tokens.pop()
+    return tokens
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("lengths", [dict(min_length=12, max_length=12), dict(min_length=0, max_length=20)])
+def test_cancelled_rows_leave_after_the_step_and_the_others_match_transformers(make_checkpoint, beams, lengths):
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    model = Bart.from_pretrained(path)
+    options = dict(num_beams=beams, **lengths)
+    expected = reference_generate(path, ids, mask, **options)
+    polls = []
+
+    def cancelled():  # rows 1 and 3 are withdrawn once two decoder steps have run
+        polls.append(len(polls))
+        return {1, 3} if len(polls) >= 2 else set()
+
+    rows, got = _steps_and_ids(model, ids, mask, cancelled, **options)
+    assert len(polls) == len(rows)  # polled once per decoder step
+    assert rows[:2] == [5 * beams] * 2
+    assert rows[2] <= 3 * beams  # gone from the very next step
+    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
+    for row in (0, 2, 4):
+        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
+    for row in (1, 3):
+        assert _unpadded(got[row], pad) == [start]
+
+
+def test_cancelling_every_row_ends_the_call(make_checkpoint):
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (2, 3), seed=4)
+    model = Bart.from_pretrained(path)
+    rows, got = _steps_and_ids(model, ids, mask, lambda: {0, 1}, num_beams=2, min_length=30, max_length=30)
+    assert rows == [4]
+    assert got.shape == (2, 1)

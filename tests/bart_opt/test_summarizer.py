@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, BartConfig, BartForConditionalGeneration
 from bart_opt.demo import random_article
 from bart_opt.rouge import RougeScorer
 from bart_opt import InvalidRequest
-from bart_opt.summarizer import Summarizer, summarization_prefix
+from bart_opt.summarizer import CANCELLED, Summarizer, summarization_prefix
 
 GEN = {"max_length": 16, "min_length": 4}
 
@@ -191,6 +191,37 @@ def test_summarize_groups_splits_a_shared_call(summarizer, texts, baseline):
         assert sorted(p for call in result.batches for p in call["positions"]) == list(range(len(group_texts)))
         for position, item in enumerate(result.items):
             assert position in result.batches[item["call"]]["positions"]
+
+
+def test_cancelled_inputs_stop_and_the_rest_of_the_call_is_unchanged(summarizer, texts, baseline, monkeypatch):
+    # Calls of 3 texts, longest first: [3, 1, 4], [6, 2, 5], [0]. Position 6 is withdrawn before
+    # its call starts, position 1 once its call has run three decoder steps.
+    steps = []
+    original = summarizer.model.decode_step
+
+    def counting_step(tokens, *args, **kwargs):
+        steps.append(tokens.shape[0])
+        return original(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(summarizer.model, "decode_step", counting_step)
+    monkeypatch.setattr(summarizer, "max_batch_size", 3)
+    withdrawn = {6}
+
+    def cancelled():
+        if len(steps) == 3:
+            withdrawn.add(1)
+        return withdrawn
+
+    result = summarizer.summarize(texts, cancelled=cancelled, **GEN)
+    for p in range(len(texts)):
+        if p in (1, 6):
+            assert result.summaries[p] == "" and result.errors[p] == CANCELLED and result.items[p]["error"] == CANCELLED
+        else:
+            assert result.summaries[p] == baseline.summaries[p] and result.errors[p] is None
+    assert sorted(p for call in result.batches for p in call["positions"]) == [0, 1, 2, 3, 4, 5]
+    # The first call held positions 3, 1 and 4 (the longest); position 1 left it right after the third step.
+    beams = summarizer.generation_spec(GEN).num_beams
+    assert steps[:4] == [3 * beams] * 3 + [2 * beams]
 
 
 def test_iter_batches_yields_each_input_once_with_its_memory(summarizer, texts, baseline):

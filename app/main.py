@@ -18,10 +18,10 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from app.errors import install_error_handlers
+from app.errors import document_errors, install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
-from app.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from app.middleware import BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, TimeLimitMiddleware
 from app.routes import compare, dashboard, evaluate, examples, health, metrics, summarize
 from app.security import require_api_key
 from app.service import SummarizerLoader, SummarizeService, load_summarizer
@@ -60,7 +60,12 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.state.service = service
     app.state.jobs = jobs
     install_error_handlers(app)
+    # add_middleware wraps: the last one added is the outermost (order in app.middleware's docstring).
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    app.add_middleware(
+        TimeLimitMiddleware, request_timeout=settings.request_timeout_s, body_timeout=settings.body_timeout_s
+    )
+    app.add_middleware(CatchAllMiddleware)
     app.add_middleware(RequestContextMiddleware, metrics=registry)
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
@@ -70,6 +75,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(examples.router, dependencies=protected)
     app.include_router(compare.router, dependencies=protected)
     app.include_router(dashboard.router)
+    document_errors(app)
     return app
 
 

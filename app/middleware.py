@@ -1,18 +1,27 @@
-"""ASGI middleware: request ids and HTTP metrics, and the request-body size limit."""
+"""ASGI middleware: request ids and HTTP metrics, the catch-all 500, time limits, the body size limit.
+
+Order, outermost first (``app.main``): `RequestContextMiddleware` (every answer, 500s included,
+has an id and is counted), `CatchAllMiddleware`, `TimeLimitMiddleware`, `BodyLimitMiddleware`.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
 import re
 import time
 import uuid
 
+import anyio
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import REQUEST_ID_HEADER, error_response
+from app.errors import REQUEST_ID_HEADER, error_response, internal_error
 from app.metrics import Metrics
+
+logger = logging.getLogger("app")
 
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -96,3 +105,103 @@ class BodyLimitMiddleware:
             return message
 
         await self.app(scope, counting_receive, send)
+
+
+class CatchAllMiddleware:
+    """Answers any unexpected exception with the uniform 500 and logs it once, with its traceback.
+
+    Starlette's own handler answers and then re-raises, so the server logged the error a second
+    time and dropped the connection without ``Connection: close``: a pooled client's next request
+    failed. Here the exception stops, and the connection stays usable. An exception after the
+    response has started cannot be answered any more; it goes on to the server, which logs it and
+    closes the connection (the only way left to tell the client that the body is incomplete).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            if started:
+                raise
+            request = Request(scope)
+            logger.error("unhandled error in %s %s (request %s)", request.method, request.url.path,
+                         request.state.request_id, exc_info=error)
+            await internal_error(request)(scope, receive, send)
+
+
+class BodyTimeout(HTTPException):
+    """Raised from ``receive`` when the body is not complete in time (a 408 that closes the connection)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(408, f"the request body did not arrive within {seconds:g} s (BODY_TIMEOUT_S)",
+                         headers={"Connection": "close"})
+
+
+class TimeLimitMiddleware:
+    """Two clocks per request, both from its arrival.
+
+    - The body must be complete within `body_timeout` seconds, else 408 and the connection is
+      closed (a client trickling its body in cannot hold a connection and a handler for long).
+    - The answer must start within `request_timeout` seconds, else the handler is cancelled
+      (which cancels the request's work: see `app.service`) and the answer is 504. Once the
+      answer has started (a streamed body), the deadline no longer applies.
+
+    An answer that starts before the body was read completely says ``Connection: close``, so the
+    server does not wait for the rest of it.
+    """
+
+    def __init__(self, app: ASGIApp, request_timeout: float, body_timeout: float) -> None:
+        self.app = app
+        self.request_timeout = request_timeout
+        self.body_timeout = body_timeout
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        arrived = anyio.current_time()
+        headers = Headers(scope=scope)
+        body_done = headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers
+        started = False
+        deadline = anyio.CancelScope(deadline=arrived + self.request_timeout)
+
+        async def timed_receive() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()
+            with anyio.move_on_after(arrived + self.body_timeout - anyio.current_time()) as wait:
+                message = await receive()
+            if wait.cancelled_caught:
+                raise BodyTimeout(self.body_timeout)
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                deadline.deadline = math.inf
+                if not body_done:
+                    MutableHeaders(scope=message)["Connection"] = "close"
+            await send(message)
+
+        with deadline:
+            await self.app(scope, timed_receive, tracking_send)
+        if deadline.cancelled_caught and not started:
+            message = (f"the request did not complete within {self.request_timeout:g} s (REQUEST_TIMEOUT_S); "
+                       "its work was cancelled")
+            closing = {} if body_done else {"Connection": "close"}
+            await error_response(Request(scope), 504, "timeout", message, headers=closing)(scope, receive, send)

@@ -5,6 +5,8 @@ texts of all items to ``Summarizer.summarize_groups`` (one model call for the lo
 the pipeline under the token budget) and gives each item an :class:`ItemResult`: its own
 summaries, items, ROUGE, and its share of the memory and timing report. A merged call that
 fails is retried item by item, so one bad request cannot fail the requests it rode with.
+An item whose submitter abandons it (client gone, deadline passed) has its texts withdrawn
+from the call between decoder steps; the other items of the call run on unchanged.
 """
 
 from __future__ import annotations
@@ -61,6 +63,19 @@ def resident_bytes(summarizer: Summarizer) -> int:
     return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
 
 
+def _abandoned_positions(items: list[WorkItem]):
+    """The summarizer's ``cancelled`` callback: positions (into all items' texts) of abandoned items."""
+    spans, start = [], 0
+    for item in items:
+        spans.append((item, range(start, start + len(item.texts))))
+        start += len(item.texts)
+
+    def cancelled() -> list[int]:
+        return [p for item, span in spans if item.abandoned for p in span]
+
+    return cancelled
+
+
 class SummarizerRunner:
     """Runs micro-batches of :class:`WorkItem` through one Summarizer and records batch metrics."""
 
@@ -89,7 +104,9 @@ class SummarizerRunner:
         encoded = None
         if all(item.encoded is not None for item in items):
             encoded = [e for item in items for e in item.encoded]
-        results = self.summarizer.summarize_groups(groups, encoded=encoded, generation=items[0].generation)
+        results = self.summarizer.summarize_groups(
+            groups, encoded=encoded, generation=items[0].generation, cancelled=_abandoned_positions(items)
+        )
         call_memory = results[0].memory
         texts = sum(len(item.texts) for item in items)
         self._record(results, texts, before + call_memory["peak_bytes"])

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema, field_validator
 
 RougeScores = dict[str, dict[str, float]]
 """Per-item ROUGE: ``{"rouge1": {"precision", "recall", "fmeasure"}, ...}`` on a 0-100 scale."""
@@ -17,6 +17,18 @@ def _not_blank(text: str) -> str:
     if not text.strip():
         raise ValueError("text is empty")
     return text
+
+
+def _early_stopping(value: object) -> bool | str:
+    if isinstance(value, bool) or value == "never":
+        return value
+    raise ValueError('must be true, false or "never"')
+
+
+# One type with one error message (a union would report one error per member, under odd field paths).
+EarlyStopping = Annotated[
+    bool | str, PlainValidator(_early_stopping), WithJsonSchema({"anyOf": [{"type": "boolean"}, {"const": "never"}]})
+]
 
 
 class GenerationOptions(BaseModel):
@@ -40,7 +52,7 @@ class GenerationOptions(BaseModel):
     max_new_tokens: int | None = Field(None, description="Longest output, start token excluded (wins over max_length).")
     length_penalty: float | None = Field(None, description="Exponent of the length normalization, in [-10, 10].")
     no_repeat_ngram_size: int | None = Field(None, description="No n-gram of this size appears twice; 0 is off.")
-    early_stopping: bool | Literal["never"] | None = Field(None, description='Beam search stop rule: true, false or "never".')
+    early_stopping: EarlyStopping | None = Field(None, description='Beam search stop rule: true, false or "never".')
 
     def overrides(self) -> dict:
         """The options the client set, as keyword arguments for generation."""
@@ -48,9 +60,9 @@ class GenerationOptions(BaseModel):
 
 
 class SummarizeRequest(BaseModel):
-    """``POST /summarize`` body."""
+    """``POST /summarize`` body. Types are strict: nothing is coerced (a number is not a text)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     texts: list[Annotated[str, AfterValidator(_not_blank)]] = Field(
         description="Articles to summarize (at least one; at most MAX_TEXTS)."
@@ -146,3 +158,28 @@ class SummarizeResponse(BaseModel):
     model: str
     generation: dict = Field(description="The generation settings that ran (checkpoint defaults + overrides, resolved).")
     request_id: str
+
+
+class DeviceMemory(BaseModel):
+    """Device memory now and at its peak (CUDA allocator; on CPU the weights), and the process RSS."""
+
+    device: str | None
+    allocated_bytes: int
+    peak_bytes: int
+    rss_bytes: int
+
+
+class QueueState(BaseModel):
+    """Work items waiting per kind, the interactive queue's capacity and the worker's state."""
+
+    waiting: dict[str, int]
+    capacity: int
+    state: str
+
+
+class MetricsSnapshot(BaseModel):
+    """``GET /metrics?format=json``: memory, the queue and the last requests' memory/timing logs."""
+
+    memory: DeviceMemory
+    queue: QueueState
+    recent: list[dict]

@@ -1,9 +1,13 @@
-"""The summarize service: validation, queueing, waiting (or dropping on disconnect), the response.
+"""The summarize service: validation, the cost budget, queueing, waiting (or cancelling), the response.
 
 Routes stay thin: they parse the body and call :meth:`SummarizeService.summarize`, which
-returns the response dict or raises :class:`app.errors.ApiError`. The service owns the
-:class:`app.worker.Worker`; the model is loaded on the worker's thread when the service
-starts (the app's lifespan), so the process answers ``/health`` while it loads.
+returns the response dict or raises :class:`app.errors.ApiError` / `bart_opt.InvalidRequest`.
+The service owns the :class:`app.worker.Worker`; the model is loaded on the worker's thread
+when the service starts (the app's lifespan), so the process answers ``/health`` while it loads.
+
+A request's work is cancelled wherever it is when its client disconnects or its deadline
+passes (the deadline middleware cancels the handler): dropped from the queue, or withdrawn
+from the model call it is in between two decoder steps.
 """
 
 from __future__ import annotations
@@ -14,19 +18,21 @@ import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import torch
 from starlette.concurrency import run_in_threadpool
 
 from app.errors import ApiError
+from app.limits import RequestLimits
 from app.metrics import Metrics
 from app.runner import ItemResult, SummarizerRunner, resident_bytes
 from app.schemas import GenerationOptions, SummarizeRequest
 from app.settings import Settings
-from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
+from app.worker import Kind, NotAccepting, QueueFull, State, WorkerDied, WorkItem, Worker
 from bart_opt.errors import InvalidRequest
 from bart_opt.spec import GenerationSpec
-from bart_opt.summarizer import Summarizer
+from bart_opt.summarizer import Summarizer, check_text
 
 SummarizerLoader = Callable[[Settings], Summarizer]
 
@@ -55,7 +61,7 @@ class ClientDisconnected(ApiError):
     """The client went away while its request waited; the answer has nowhere to go."""
 
     def __init__(self) -> None:
-        super().__init__(499, "client_closed_request", "the client disconnected; its queued work was dropped")
+        super().__init__(499, "client_closed_request", "the client disconnected; its work was cancelled")
 
 
 class SummarizeService:
@@ -114,19 +120,35 @@ class SummarizeService:
     def state(self) -> State:
         return self.worker.state if self.worker is not None else State.LOADING
 
+    @property
+    def model_name(self) -> str:
+        """The model as clients see it: a hub id or relative folder as configured, an absolute
+        folder by its last component only (server paths stay out of responses)."""
+        model = Path(self.settings.model)
+        return model.name if model.is_absolute() else self.settings.model
+
     def check_ready(self) -> None:
         """Raise the 503 that fits the worker's state unless it takes work."""
         if self.state is not State.READY:
             raise self._unavailable(self.state)
 
+    def check_alive(self) -> None:
+        """Raise a 503 when the process can no longer serve without a restart (the device worker died)."""
+        if self.state is State.DEAD:
+            raise self._unavailable(State.DEAD)
+
     def _unavailable(self, state: State) -> ApiError:
+        """The 503 for a worker in `state`; the reason's details are in the server log, not here."""
+        retry = {"Retry-After": _NOT_READY_RETRY_AFTER}
         if state is State.LOADING:
-            code, message = "not_ready", "the model is still loading"
-        elif state is State.FAILED:
-            code, message = "model_load_failed", f"the model failed to load: {self.worker.load_error}"
-        else:
-            code, message = "shutting_down", "the server is shutting down"
-        return ApiError(503, code, message, headers={"Retry-After": _NOT_READY_RETRY_AFTER})
+            return ApiError(503, "not_ready", "the model is still loading", headers=retry)
+        if state is State.FAILED:
+            message = "the model failed to load; the server log has the reason"
+            return ApiError(503, "model_load_failed", message, headers=retry)
+        if state is State.DEAD:
+            message = "the device worker stopped unexpectedly; the server needs a restart (the log has the reason)"
+            return ApiError(503, "worker_dead", message)
+        return ApiError(503, "shutting_down", "the server is shutting down", headers=retry)
 
     def generation_spec(self, options: GenerationOptions | None) -> GenerationSpec:
         """A request's generation options resolved once over the checkpoint's defaults.
@@ -146,20 +168,23 @@ class SummarizeService:
         request_id: str,
         is_disconnected: Callable[[], Awaitable[bool]],
         *,
-        max_texts: int,
+        limits: RequestLimits,
     ) -> dict:
-        """Validate, queue, wait for the device and build the response dict.
+        """Validate, check the budget, queue, wait for the device and build the response dict.
 
-        `is_disconnected` is polled while the request waits; `max_texts` is the per-request
-        limit of the settings in effect (the route takes it from the settings dependency).
+        `is_disconnected` is polled while the request waits; `limits` is the budget of the
+        settings in effect (the route takes it from the settings dependency). Everything that
+        can refuse the request does so before it is queued.
         """
         started = time.perf_counter()
         self.check_ready()
-        if len(body.texts) > max_texts:
-            message = f"texts: {len(body.texts)} texts is more than MAX_TEXTS ({max_texts})"
-            raise ApiError(422, "invalid_request", message, field="texts")
+        limits.check_texts(len(body.texts))
         generation = self.generation_spec(body.generation)
+        limits.check_cost(len(body.texts), generation)
+        for i, reference in enumerate(body.references or ()):
+            check_text(reference, f"references[{i}]")
         encoded = await run_in_threadpool(self._encode, body.texts)
+        limits.check_input(encoded)
         item = WorkItem(texts=body.texts, generation=generation, longest=max(len(e.ids) for e in encoded),
                         references=body.references, encoded=encoded)
         self._submit(item)
@@ -183,7 +208,8 @@ class SummarizeService:
             raise self._unavailable(error.state) from error
 
     async def _wait(self, item: WorkItem, is_disconnected: Callable[[], Awaitable[bool]]) -> ItemResult:
-        """Await the item's result, dropping it from the queue if the client goes away."""
+        """Await the item's result; if the client goes away or the handler is cancelled (deadline),
+        drop the item from the queue or withdraw it from its model call."""
         future = asyncio.wrap_future(item.future)
         try:
             while True:
@@ -192,9 +218,12 @@ class SummarizeService:
                     return future.result()
                 if await is_disconnected():
                     raise ClientDisconnected()
+        except WorkerDied as error:
+            raise self._unavailable(State.DEAD) from error
         finally:
             if not future.done():
                 self.worker.cancel(item)
+                item.abandon()
                 future.cancel()
                 self.metrics.cancelled.inc()
 
@@ -213,7 +242,7 @@ class SummarizeService:
             "items": items,
             "memory": done.memory,
             "timing": timing,
-            "model": self.summarizer.name,
+            "model": self.model_name,
             "generation": result.generation,
             "request_id": request_id,
         }

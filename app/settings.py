@@ -31,7 +31,19 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(32, ge=1, description="Most texts in one model call.")
     max_texts: int = Field(64, ge=1, description="Most texts in one POST /summarize.")
     max_beams: int = Field(16, ge=1, description="Largest num_beams a request may ask for.")
+    max_request_cost: int = Field(
+        65_536, ge=1, description="Decoder work one POST /summarize may ask for: texts x num_beams x max_new_tokens."
+    )
+    max_input_tokens: int = Field(
+        65_536, ge=1, description="Input tokens (after truncation, summed over texts) one POST /summarize may send."
+    )
     max_request_bytes: int = Field(1_048_576, ge=1, description="Largest accepted request body (413 above).")
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Deadline of a request, from arrival to its answer's start (504 past it)."
+    )
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="Time a client has to send the whole request body (408 and the connection closed)."
+    )
     queue_size: int = Field(64, ge=1, description="Interactive requests that may wait for the device (429 above).")
     torch_threads: int | None = Field(
         None, ge=1, description="torch.set_num_threads for the model on CPU (default: torch's own choice)."

@@ -16,6 +16,11 @@ still advances under a steady stream of requests.
 
 The worker knows nothing about models: ``load()`` runs on the thread and returns the *runner*,
 ``runner(items) -> results`` (one result, or one exception instance, per item, in order).
+
+The thread cannot die silently: a failing batch fails only its items, and anything else that
+escapes the serving loop puts the worker in the ``dead`` state, fails every waiting item with
+:class:`WorkerDied` and is logged once. A submitter that no longer wants a running item's result
+calls ``item.abandon()``; the runner polls ``item.abandoned`` and stops that item's work.
 """
 
 from __future__ import annotations
@@ -46,11 +51,13 @@ class Kind(str, Enum):
 
 
 class State(str, Enum):
-    """Life cycle of the worker: loading -> ready -> stopping -> stopped (or loading -> failed)."""
+    """Life cycle of the worker: loading -> ready -> stopping -> stopped (or loading -> failed, or
+    ready -> dead when the serving loop ends unexpectedly)."""
 
     LOADING = "loading"
     READY = "ready"
     FAILED = "failed"
+    DEAD = "dead"
     STOPPING = "stopping"
     STOPPED = "stopped"
 
@@ -61,6 +68,10 @@ class QueueFull(Exception):
     def __init__(self, kind: Kind, capacity: int, retry_after: int) -> None:
         super().__init__(f"the {kind.value} queue is full ({capacity} waiting)")
         self.retry_after = retry_after
+
+
+class WorkerDied(Exception):
+    """The device thread stopped unexpectedly; this item will never run."""
 
 
 class NotAccepting(Exception):
@@ -80,7 +91,7 @@ class WorkItem:
     ``references`` (optional, one per text) are passed through to the runner, and so is
     ``encoded`` (the summarizer's `encode` output for ``texts``), so nothing is tokenized twice.
     ``enqueued`` and ``started`` are ``time.perf_counter()`` stamps; ``started`` is set by the
-    worker just before the runner is called.
+    worker just before the runner is called. ``abandoned`` is set by `abandon`.
     """
 
     texts: list[str]
@@ -92,6 +103,15 @@ class WorkItem:
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
     started: float | None = None
+    _abandoned: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def abandon(self) -> None:
+        """The submitter no longer wants the result: a running item's work stops (see the runner)."""
+        self._abandoned.set()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._abandoned.is_set()
 
     @property
     def key(self) -> Hashable:
@@ -135,6 +155,7 @@ class Worker:
         self._runner: Runner | None = None
         self._streak = 0
         self._item_seconds = 0.0  # moving average of device seconds per item, for Retry-After
+        self._running: list[WorkItem] = []  # the batch on the device
         self.load_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name="bart-opt-device", daemon=True)
 
@@ -214,7 +235,9 @@ class Worker:
         if self._state is State.LOADING:
             return "the model is still loading"
         if self._state is State.FAILED:
-            return f"the model failed to load: {self.load_error}"
+            return "the model failed to load"
+        if self._state is State.DEAD:
+            return "the device worker stopped unexpectedly"
         return "the server is shutting down"
 
     # ---- the device thread ------------------------------------------------------------
@@ -233,11 +256,34 @@ class Worker:
             if self._state is State.LOADING:
                 self._state = State.READY
             self._cond.notify_all()
-        while (batch := self._next_batch()) is not None:
-            self._execute(batch)
+        try:
+            self._serve()
+        except BaseException:  # noqa: BLE001 - the thread ends here either way; /ready and waiters must know
+            logger.exception("the device worker stopped unexpectedly")
+            self._die()
+            return
         with self._cond:
             self._state = State.STOPPED
             self._cond.notify_all()
+
+    def _serve(self) -> None:
+        """Run batches until stopping with nothing left to do."""
+        while (batch := self._next_batch()) is not None:
+            self._running = batch
+            self._execute(batch)
+            self._running = []
+
+    def _die(self) -> None:
+        """Refuse new work and fail the running and waiting items at once."""
+        with self._cond:
+            self._state = State.DEAD
+            items = [*self._running, *self._queues[Kind.INTERACTIVE], *self._queues[Kind.JOB]]
+            for queue in self._queues.values():
+                queue.clear()
+            self._cond.notify_all()
+        for item in items:
+            if not item.future.done():
+                item.future.set_exception(WorkerDied("the device worker stopped unexpectedly"))
 
     def _next_batch(self) -> list[WorkItem] | None:
         """Wait for work and pick the next batch; None once stopping with nothing left to do."""

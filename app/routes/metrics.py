@@ -8,13 +8,22 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.schemas import MetricsSnapshot
 from app.settings import Settings, get_settings
 from app.worker import Kind
 
 router = APIRouter(tags=["metrics"])
 
+_FORMATS = {
+    200: {
+        "description": "Prometheus text exposition by default; JSON with `?format=json`",
+        "model": MetricsSnapshot,
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    }
+}
 
-@router.get("/metrics", response_model=None)
+
+@router.get("/metrics", response_model=None, responses=_FORMATS)
 async def metrics(
     request: Request, format: Literal["prometheus", "json"] = "prometheus", settings: Settings = Depends(get_settings)
 ) -> Response | dict:

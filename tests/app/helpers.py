@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 import httpx
+import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -54,6 +55,28 @@ def serving(app: FastAPI, *, wait_ready: bool = True) -> Iterator[TestClient]:
         if wait_ready:
             assert app.state.service.worker.wait_ready(60), app.state.service.worker.load_error
         yield client
+
+
+@contextmanager
+def live_server(app: FastAPI) -> Iterator[tuple[str, int]]:
+    """Serve the app with uvicorn on a free loopback port in a thread; yields (host, port) once ready.
+
+    Uvicorn leaves logging alone (``log_config=None``), so its records reach pytest's caplog.
+    """
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, name="test-uvicorn")
+    thread.start()
+    try:
+        for _ in range(3000):
+            if server.started or not thread.is_alive():
+                break
+            threading.Event().wait(0.01)
+        assert server.started, "uvicorn did not start"
+        assert app.state.service.worker.wait_ready(60), app.state.service.worker.load_error
+        yield "127.0.0.1", server.servers[0].sockets[0].getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(60)
 
 
 @asynccontextmanager

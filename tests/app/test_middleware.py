@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
+import json
+import logging
 import re
+import socket
+import time
 
-from tests.app.helpers import serving
+from tests.app.helpers import FAST, live_server, serving
 
 
 def test_each_request_gets_an_id_and_odd_client_ids_are_replaced(client):
@@ -23,3 +28,51 @@ def test_declared_oversize_body_is_refused_before_routing(make_app):
     assert response.status_code == 413
     assert response.json()["error"]["code"] == "payload_too_large"
     assert response.json()["error"]["request_id"] == response.headers["x-request-id"]
+
+
+# ---- on a real server: the connection after a 500, slow bodies ----------------------------
+
+
+def test_an_unexpected_error_is_one_500_logged_once_and_the_connection_stays_usable(make_app, caplog):
+    app = make_app()
+    with live_server(app) as (host, port), caplog.at_level(logging.INFO):
+        def explode(*args, **kwargs):
+            raise RuntimeError("secret detail in /srv/private/path")
+
+        app.state.service.summarizer.summarize_groups = explode
+        connection = http.client.HTTPConnection(host, port, timeout=60)
+        body = json.dumps({"texts": ["anything"], "generation": FAST})
+        connection.request("POST", "/summarize", body, {"Content-Type": "application/json"})
+        failed = connection.getresponse()
+        failed_body = failed.read().decode()
+        socket_used = connection.sock
+        connection.request("GET", "/health")  # the same pooled connection, at once
+        after = connection.getresponse()
+        after.read()
+        reused = connection.sock is socket_used
+        connection.close()
+    assert failed.status == 500 and failed.getheader("connection") != "close"
+    error = json.loads(failed_body)["error"]
+    assert error["code"] == "internal_error" and error["request_id"] == failed.getheader("x-request-id")
+    for secret in ("secret", "/srv", "RuntimeError", "Traceback"):
+        assert secret not in failed_body
+    assert after.status == 200 and reused
+    logged = [record for record in caplog.records if record.exc_info or "Exception in ASGI" in record.getMessage()]
+    assert len(logged) == 1 and error["request_id"] in logged[0].getMessage()
+    assert "secret detail" in str(logged[0].exc_info[1])
+
+
+def test_a_body_sent_too_slowly_is_a_408_and_the_connection_is_closed(make_app):
+    app = make_app(body_timeout_s=0.5)
+    with live_server(app) as (host, port), socket.create_connection((host, port), timeout=30) as client:
+        started = time.monotonic()
+        client.sendall(b"POST /summarize HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 100\r\n\r\n{\"texts\": [")  # and then nothing more
+        answer = b""
+        while chunk := client.recv(65536):  # until the server closes the connection
+            answer += chunk
+        waited = time.monotonic() - started
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_timeout"
+    assert 0.5 <= waited < 10

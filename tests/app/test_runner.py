@@ -7,6 +7,7 @@ import pytest
 from app.metrics import Metrics
 from app.runner import SummarizerRunner, share_memory
 from app.worker import WorkItem
+from bart_opt.summarizer import CANCELLED
 from tests.app.helpers import FAST, articles
 
 
@@ -39,6 +40,27 @@ def test_merged_items_get_the_summaries_and_rouge_of_their_own_texts(direct):
     assert first.memory["batch"]["requests"] == second.memory["batch"]["requests"] == 2
     assert first.memory["share"] + second.memory["share"] == pytest.approx(1.0)
     assert first.memory["batch"]["texts"] == 3
+
+
+def test_an_abandoned_item_leaves_the_call_and_the_others_are_unchanged(direct, monkeypatch):
+    texts = articles(3, seed=22)
+    items = [work(direct, texts[:1]), work(direct, texts[1:2]), work(direct, texts[2:])]
+    steps = []
+    original = direct.model.decode_step
+
+    def step(tokens, *args, **kwargs):  # the second request is withdrawn after two decoder steps
+        steps.append(tokens.shape[0])
+        if len(steps) == 2:
+            items[1].abandon()
+        return original(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(direct.model, "decode_step", step)
+    first, second, third = SummarizerRunner(direct, Metrics())(items)
+    monkeypatch.undo()
+    assert steps[:3] == [3 * FAST["num_beams"]] * 2 + [2 * FAST["num_beams"]]
+    assert second.result.summaries == [""] and second.result.errors == [CANCELLED]
+    assert first.result.summaries == direct.summarize(texts[:1], **FAST).summaries
+    assert third.result.summaries == direct.summarize(texts[2:], **FAST).summaries
 
 
 def test_a_failing_merged_call_is_retried_item_by_item(direct, monkeypatch):

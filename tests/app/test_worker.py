@@ -7,7 +7,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
+from app.worker import Kind, NotAccepting, QueueFull, State, WorkerDied, WorkItem, Worker
 from bart_opt.spec import GenerationSpec
 
 
@@ -239,3 +239,38 @@ def test_stop_finishes_queued_requests_drops_queued_jobs_and_refuses_new_work():
     assert queued.future.result(0) == ["QUEUED"]
     assert job.future.cancelled()
     assert worker.state is State.STOPPED
+
+
+def test_a_scheduling_failure_ends_the_worker_loudly_and_fails_every_waiting_item(caplog):
+    runner = RecordingRunner()
+    worker = make_worker(runner, job_queue_size=2)
+    running = occupy(worker, runner)
+    waiting = [worker.submit(item("a")), worker.submit(item("job", kind=Kind.JOB))]
+
+    def broken_scheduler():
+        raise RuntimeError("scheduler bug")
+
+    worker._take_interactive = broken_scheduler
+    runner.release()
+    assert running.future.result(10) == ["FIRST"]
+    for work in waiting:
+        with pytest.raises(WorkerDied):
+            work.future.result(10)
+    assert worker.state is State.DEAD and worker.queue_length() == worker.queue_length(Kind.JOB) == 0
+    with pytest.raises(NotAccepting, match="stopped unexpectedly") as refused:
+        worker.submit(item("late"))
+    assert refused.value.state is State.DEAD
+    assert len(caplog.records) == 1 and "RuntimeError: scheduler bug" in caplog.records[0].exc_text
+    worker.stop(1)
+    assert worker.state is State.DEAD
+
+
+def test_abandon_marks_a_running_item_for_the_runner():
+    runner = RecordingRunner()
+    worker = make_worker(runner)
+    running = occupy(worker, runner)
+    assert not running.abandoned
+    running.abandon()
+    assert running.abandoned and runner.batches[0][0].abandoned
+    runner.release()
+    worker.stop(10)

@@ -1,30 +1,38 @@
-"""GET /health and GET /ready."""
+"""GET /health and GET /ready: loading, loaded, failed to load, worker dead, shutting down."""
 
 from __future__ import annotations
 
-from tests.app.helpers import serving
+import asyncio
+import logging
+from pathlib import Path
+
+from tests.app.helpers import FAST, Gate, async_serving, serving, until
 
 
 def test_health_and_ready_once_loaded(client):
     assert client.get("/health").json() == {"status": "ok"}
     ready = client.get("/ready")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready", "model": client.app.state.settings.model, "device": "cpu"}
+    # A local checkpoint is shown by its folder name: no server path leaves the service.
+    assert ready.json() == {"status": "ready", "model": Path(client.app.state.settings.model).name, "device": "cpu"}
 
 
-def test_model_that_fails_to_load_keeps_ready_at_503_with_the_reason(make_app, tmp_path):
-    app = make_app(model=str(tmp_path / "no-such-checkpoint"))
-    with serving(app, wait_ready=False) as client:
+def test_model_that_fails_to_load_keeps_ready_at_503_without_server_details(make_app, tmp_path, caplog):
+    missing = str(tmp_path / "no-such-checkpoint")
+    app = make_app(model=missing)
+    with caplog.at_level(logging.ERROR, logger="app"), serving(app, wait_ready=False) as client:
         assert not app.state.service.worker.wait_ready(60)
         health = client.get("/health")
         ready = client.get("/ready")
         summarize = client.post("/summarize", json={"texts": ["a"]})
-    assert health.status_code == 200
+    assert health.status_code == 200  # a restart with the same settings would fail the same way
     assert ready.status_code == 503 and summarize.status_code == 503
     error = ready.json()["error"]
-    assert error["code"] == "model_load_failed"
-    assert "no-such-checkpoint" in error["message"]
+    assert error["code"] == "model_load_failed" and "server log" in error["message"]
     assert ready.headers["retry-after"]
+    for response in (ready, summarize):
+        assert str(tmp_path) not in response.text and "Error" not in response.text
+    assert "no-such-checkpoint" in caplog.text  # the reason is in the log
 
 
 def test_ready_is_503_after_shutdown_began(make_app):
@@ -35,3 +43,35 @@ def test_ready_is_503_after_shutdown_began(make_app):
         summarize = client.post("/summarize", json={"texts": ["a"]})
     assert ready.status_code == 503 and ready.json()["error"]["code"] == "shutting_down"
     assert summarize.status_code == 503
+
+
+def test_a_dead_worker_fails_waiting_requests_at_once_and_turns_health_and_ready_503(make_app, caplog):
+    gate = Gate()
+    app = make_app(load=gate.loader())
+
+    def broken_scheduler(*args):
+        raise RuntimeError("scheduler bug")
+
+    async def scenario():
+        async with async_serving(app) as client:
+            worker = app.state.service.worker
+            running = asyncio.create_task(client.post("/summarize", json={"texts": ["runs"], "generation": FAST}))
+            await asyncio.to_thread(gate.entered.wait, 30)
+            waiting = asyncio.create_task(client.post("/summarize", json={"texts": ["waits"], "generation": FAST}))
+            await until(lambda: worker.queue_length() == 1)
+            worker._take_interactive = broken_scheduler  # the next scheduling decision raises
+            gate.open()
+            first, second = await running, await waiting
+            later = await client.post("/summarize", json={"texts": ["too late"], "generation": FAST})
+            return first, second, later, await client.get("/ready"), await client.get("/health")
+
+    with caplog.at_level(logging.ERROR, logger="app"):
+        first, waiting, later, ready, health = asyncio.run(scenario())
+    worker_errors = [r for r in caplog.records if r.name == "app.worker"]
+    assert first.status_code == 200  # its batch was done before the scheduler broke
+    for response in (waiting, later, ready, health):
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "worker_dead"
+        assert "scheduler bug" not in response.text
+    assert "restart" in health.json()["error"]["message"]
+    assert len(worker_errors) == 1 and "scheduler bug" in worker_errors[0].exc_text

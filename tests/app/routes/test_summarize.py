@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import threading
+from pathlib import Path
 
 import pytest
 
 from app.service import load_summarizer
 from app.settings import Settings, get_settings
-from tests.app.helpers import FAST, Gate, articles, async_serving, serving, until
+from tests.app.helpers import FAST, Gate, articles, async_serving, samples, serving, until, value
 
 
 def summarize(client, texts, references=None, generation=FAST, **kwargs):
@@ -48,7 +50,7 @@ def test_summaries_rouge_items_memory_and_timing_match_the_pipeline(client, dire
     assert set(timing) == {"queue", "tokenize", "generate", "decode", "score", "total"}
     assert all(value >= 0 for value in timing.values())
     assert timing["generate"] > 0 and timing["total"] >= timing["generate"]
-    assert body["model"] == client.app.state.settings.model
+    assert body["model"] == Path(client.app.state.settings.model).name  # no server path in answers
     assert body["request_id"] == response.headers["x-request-id"]
 
 
@@ -99,8 +101,19 @@ def test_client_request_id_is_echoed(client):
         ({"texts": ["a"], "generation": {"length_penalty": 200}}, "generation.length_penalty",
          "outside [-10, 10]"),
         ({"texts": ["a"] * 65}, "texts", "more than MAX_TEXTS (64)"),
+        # The issue's request that held the device for minutes: over the cost budget, refused up front.
+        ({"texts": ["word " * 2000] * 64, "generation": {"num_beams": 16, "min_length": 1024, "max_length": 1024}},
+         "generation", "64 texts x 16 beams x 1023 new tokens = 1047552 is more than MAX_REQUEST_COST (65536)"),
         ({"text": ["a"]}, "texts", "Field required"),
         ({"texts": "just one string"}, "texts", "valid list"),
+        # Strict types: nothing is coerced.
+        ({"texts": [1]}, "texts[0]", "valid string"),
+        ({"texts": ["a"], "references": [None]}, "references[0]", "valid string"),
+        ({"texts": ["a"], "generation": []}, "generation", "must be a JSON object"),
+        ({"texts": ["a"], "generation": {"early_stopping": "yes"}}, "generation.early_stopping",
+         'must be true, false or "never"'),
+        ({"texts": ["a"], "generation": {"length_penalty": "2"}}, "generation.length_penalty", "valid number"),
+        ({"texts": ["a"], "generation": {"num_beams": 4.0}}, "generation.num_beams", "valid integer"),
     ],
 )
 def test_invalid_requests_get_422_naming_the_field(client, body, field, words):
@@ -113,25 +126,33 @@ def test_invalid_requests_get_422_naming_the_field(client, body, field, words):
     assert error["request_id"] == response.headers["x-request-id"]
 
 
-def test_a_lone_surrogate_is_a_422_naming_the_text(client):
+@pytest.mark.parametrize(
+    ("content", "field"),
+    [(b'{"texts": ["fine", "b \\ud800 c"]}', "texts[1]"),
+     (b'{"texts": ["fine"], "references": ["\\udfff"]}', "references[0]")],
+)  # fmt: skip
+def test_a_lone_surrogate_is_a_422_naming_the_text(client, content, field):
     # JSON may escape a lone surrogate; it is not Unicode text and no tokenizer can take it.
-    content = b'{"texts": ["fine", "b \\ud800 c"]}'
     response = client.post("/summarize", content=content, headers={"Content-Type": "application/json"})
     assert response.status_code == 422
     error = response.json()["error"]
-    assert error["field"] == "texts[1]" and "U+D800) is a lone surrogate" in error["message"], error
+    assert error["field"] == field and ") is a lone surrogate" in error["message"], error
     assert client.post("/summarize", json={"texts": ["fine"], "generation": FAST}).status_code == 200
 
 
 @pytest.mark.parametrize(
-    ("content", "content_type", "words"),
-    [(b'{"texts": [', "application/json", "body: not valid JSON (Expecting value at character 11)"),
-     (b'{"texts": ["a"]}', "text/plain", "body: must be a JSON object sent with Content-Type: application/json"),
-     (b'{"texts": ["a"], "generation": {"length_penalty": NaN}}', "application/json", "finite number")],
+    ("content", "content_type", "status", "words"),
+    [(b'{"texts": [', "application/json", 400, "body: not valid JSON (Expecting value at character 11)"),
+     (b'\xff\xfe{', "application/json", 400, "error parsing the body"),
+     (b'{"texts": ["a"]}', "text/plain", 415, "body: send it as JSON with Content-Type: application/json"),
+     (b'{"texts": ["a"]}', None, 415, "Content-Type: application/json"),
+     (b'[{"texts": ["a"]}]', "application/json", 422, "body: must be a JSON object"),
+     (b'{"texts": ["a"], "generation": {"length_penalty": NaN}}', "application/json", 422, "finite number")],
 )  # fmt: skip
-def test_body_that_is_not_a_json_object_is_a_422(client, content, content_type, words):
-    response = client.post("/summarize", content=content, headers={"Content-Type": content_type})
-    assert response.status_code == 422
+def test_body_that_is_not_a_json_object_is_a_4xx(client, content, content_type, status, words):
+    headers = {"Content-Type": content_type} if content_type else {}
+    response = client.post("/summarize", content=content, headers=headers)
+    assert response.status_code == status
     assert words in response.json()["error"]["message"]
 
 
@@ -142,6 +163,31 @@ def test_settings_dependency_override_applies_per_request_limits(make_app, demo_
         response = summarize(client, articles(2))
     assert response.status_code == 422
     assert response.json()["error"]["message"] == "texts: 2 texts is more than MAX_TEXTS (1)"
+
+
+def test_input_tokens_over_the_budget_are_refused_before_queueing(make_app):
+    app = make_app(max_input_tokens=100)
+    with serving(app) as client:
+        refused = summarize(client, ["many words " * 30, "more words " * 30])
+        fine = summarize(client, ["a few words"])
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["field"] == "texts" and "is more than MAX_INPUT_TOKENS (100)" in error["message"]
+    assert fine.status_code == 200
+    assert value(samples(app.state.metrics.exposition().decode()), "bart_opt_batch_requests_count") == 1  # only the fine one ran
+
+
+def test_a_checkpoint_without_num_beams_serves_with_transformers_defaults(make_app, demo_checkpoint, tmp_path):
+    folder = tmp_path / "no-beams"
+    shutil.copytree(demo_checkpoint, folder)
+    config = json.loads((folder / "generation_config.json").read_text())
+    del config["num_beams"]
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    with serving(make_app(model=str(folder))) as client:
+        response = client.post("/summarize", json={"texts": articles(1, seed=9)})
+        ready = client.get("/ready")
+    assert response.status_code == 200 and ready.status_code == 200
+    assert response.json()["generation"]["num_beams"] == 1 and response.json()["summaries"][0]
 
 
 # ---- size limit, readiness, internal errors -------------------------------------------
@@ -236,37 +282,40 @@ def test_full_queue_is_429_with_retry_after_and_queued_requests_are_merged(make_
     assert len(gate.calls) == 2  # the two queued requests shared one model call
 
 
+async def disconnecting_request(app, body: dict, gone: asyncio.Event, sent: list) -> None:
+    """POST /summarize straight to the ASGI app from a client that disconnects once `gone` is set."""
+    payload = json.dumps(body).encode()
+    messages = [{"type": "http.request", "body": payload, "more_body": False}]
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+        "scheme": "http", "path": "/summarize", "raw_path": b"/summarize", "root_path": "",
+        "query_string": b"", "server": ("testserver", 80), "client": ("127.0.0.1", 5000),
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+    }  # fmt: skip
+    await app(scope, receive, send)
+
+
 def test_client_disconnect_drops_its_queued_work(make_app):
     gate = Gate()
     app = make_app(load=gate.loader())
-    payload = json.dumps({"texts": ["dropped text"], "generation": FAST}).encode()
-
-    async def disconnecting_request(gone: asyncio.Event, sent: list):
-        messages = [{"type": "http.request", "body": payload, "more_body": False}]
-
-        async def receive():
-            if messages:
-                return messages.pop()
-            await gone.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            sent.append(message)
-
-        scope = {
-            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-            "scheme": "http", "path": "/summarize", "raw_path": b"/summarize", "root_path": "",
-            "query_string": b"", "server": ("testserver", 80), "client": ("127.0.0.1", 5000),
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
-        }  # fmt: skip
-        await app(scope, receive, send)
 
     async def scenario():
         async with async_serving(app) as client:
             busy = asyncio.create_task(client.post("/summarize", json={"texts": ["kept text"], "generation": FAST}))
             await asyncio.to_thread(gate.entered.wait, 30)
             gone, sent = asyncio.Event(), []
-            dropped = asyncio.create_task(disconnecting_request(gone, sent))
+            body = {"texts": ["dropped text"], "generation": FAST}
+            dropped = asyncio.create_task(disconnecting_request(app, body, gone, sent))
             await until(lambda: app.state.service.worker.queue_length() == 1)
             gone.set()
             await dropped
@@ -284,6 +333,98 @@ def test_client_disconnect_drops_its_queued_work(make_app):
     assert [log["texts"] for log in metrics["recent"]] == [1]
     prometheus = app.state.metrics.exposition().decode()
     assert "bart_opt_cancelled_requests_total 1.0" in prometheus
+
+
+class StepPause:
+    """A decode_step wrapper for the service's model: records the working rows of every decoder step
+    and, at the `pause_at`-th step with `rows` rows (if given), holds the device thread until `resume()`."""
+
+    def __init__(self, model, rows: int | None = None, pause_at: int = 1) -> None:
+        self.model, self.original = model, model.decode_step
+        self.rows, self.pause_at = rows, pause_at
+        self.steps: list[int] = []
+        self.paused, self._resume = threading.Event(), threading.Event()
+        model.decode_step = self
+
+    def __call__(self, tokens, *args, **kwargs):
+        self.steps.append(tokens.shape[0])
+        if self.steps.count(self.rows) == self.pause_at and not self.paused.is_set():
+            self.paused.set()
+            assert self._resume.wait(30)
+        return self.original(tokens, *args, **kwargs)
+
+    def resume(self) -> None:
+        self._resume.set()
+
+    def remove(self) -> None:
+        del self.model.decode_step
+
+
+def test_a_disconnected_client_s_running_work_stops_within_a_step_and_its_batch_mate_is_unharmed(make_app, direct):
+    gate = Gate()
+    app = make_app(load=gate.loader())
+    long = {"num_beams": 2, "min_length": 20, "max_length": 20}  # 19 decoder steps unless withdrawn
+    kept_text, dropped_text = articles(2, seed=41)
+
+    async def scenario():
+        async with async_serving(app) as client:
+            pause = StepPause(app.state.service.summarizer.model, rows=2 * 2, pause_at=3)
+            first = asyncio.create_task(client.post("/summarize", json={"texts": ["first"], "generation": long}))
+            await asyncio.to_thread(gate.entered.wait, 30)
+            kept = asyncio.create_task(client.post("/summarize", json={"texts": [kept_text], "generation": long}))
+            gone, sent = asyncio.Event(), []
+            body = {"texts": [dropped_text], "generation": long}
+            dropped = asyncio.create_task(disconnecting_request(app, body, gone, sent))
+            await until(lambda: app.state.service.worker.queue_length() == 2)
+            gate.open()  # "first" runs alone, then kept + dropped share one call
+            await asyncio.to_thread(pause.paused.wait, 30)
+            gone.set()  # the client leaves while its text is on the device, three steps in
+            await dropped
+            pause.resume()
+            results = await first, await kept
+            pause.remove()
+            return results, sent, pause.steps
+
+    (first, kept), sent, steps = asyncio.run(scenario())
+    assert sent[0]["status"] == 499
+    assert first.status_code == 200 and kept.status_code == 200
+    body = kept.json()
+    assert body["summaries"] == direct.summarize([kept_text], **long).summaries
+    assert body["memory"]["batch"]["requests"] == 2  # it did share the call with the withdrawn request
+    shared = steps[19:]  # the first request's call had 19 steps of 2 rows
+    assert shared[:3] == [4, 4, 4] and shared[3:] == [2] * 16, steps
+
+
+def test_the_deadline_answers_504_and_cancels_queued_and_running_work(make_app):
+    gate = Gate()
+    app = make_app(load=gate.loader(), request_timeout_s=1.5)
+
+    async def scenario():
+        async with async_serving(app) as client:
+            pause = StepPause(app.state.service.summarizer.model)  # records the steps, never pauses
+            started = asyncio.get_running_loop().time()
+            three = {"num_beams": 3, "min_length": 20, "max_length": 20}
+            running = asyncio.create_task(client.post("/summarize", json={"texts": ["held"], "generation": three}))
+            await asyncio.to_thread(gate.entered.wait, 30)
+            queued = asyncio.create_task(client.post("/summarize", json={"texts": ["waits"], "generation": FAST}))
+            answers = await running, await queued
+            waited = asyncio.get_running_loop().time() - started
+            gate.open()  # the held call now starts with its only request already gone
+            after = await client.post("/summarize", json={"texts": ["in time"], "generation": FAST})
+            pause.remove()
+            return answers, waited, after, pause.steps
+
+    (running, queued), waited, after, steps = asyncio.run(scenario())
+    for response in (running, queued):
+        assert response.status_code == 504
+        error = response.json()["error"]
+        assert error["code"] == "timeout" and "REQUEST_TIMEOUT_S" in error["message"]
+    assert 1.5 <= waited < 10
+    assert after.status_code == 200
+    assert steps[0] == 3 and steps[1] == 2  # the held call ran one decoder step; the queued one never ran
+    assert len(gate.calls) == 2
+    prometheus = app.state.metrics.exposition().decode()
+    assert "bart_opt_cancelled_requests_total 2.0" in prometheus
 
 
 def test_32_simultaneous_requests_get_200_or_429_and_their_own_summaries(make_app, direct):

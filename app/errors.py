@@ -137,6 +137,8 @@ def _validation_problem(error: dict) -> dict:
         position = f" at character {loc[1]}" if len(loc) > 1 else ""
         reason = error.get("ctx", {}).get("error", "decode error")
         return {"field": "body", "message": f"not valid JSON ({reason}{position})"}
+    if loc == ("body",) and kind == "missing":
+        return {"field": "body", "message": "is empty; send a JSON object"}
     if kind == "extra_forbidden":
         return {"field": field_path(loc), "message": "unknown field"}
     if kind in ("model_type", "model_attributes_type", "dict_type"):  # pydantic names the model class here

@@ -147,6 +147,10 @@ def test_a_lone_surrogate_is_a_422_naming_the_text(client, content, field):
      (b'{"texts": ["a"]}', "text/plain", 415, "body: send it as JSON with Content-Type: application/json"),
      (b'{"texts": ["a"]}', None, 415, "Content-Type: application/json"),
      (b'[{"texts": ["a"]}]', "application/json", 422, "body: must be a JSON object"),
+     (b'', "application/json", 422, "body: is empty; send a JSON object"),
+     (b'[' * 100_000 + b']' * 100_000, "application/json", 400, "error parsing the body"),
+     (b'{"texts": ["a"], "generation": {"num_beams": ' + b'9' * 5000 + b'}}', "application/json", 400,
+      "error parsing the body"),
      (b'{"texts": ["a"], "generation": {"length_penalty": NaN}}', "application/json", 422, "finite number")],
 )  # fmt: skip
 def test_body_that_is_not_a_json_object_is_a_4xx(client, content, content_type, status, words):

@@ -62,10 +62,15 @@ class GenerationOptions(BaseModel):
 class SummarizeRequest(BaseModel):
     """``POST /summarize`` body. Types are strict: nothing is coerced (a number is not a text)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
+        "texts": ["The city council voted on Monday to approve the new budget after a long debate."],
+        "references": ["Council approves the budget."],
+        "generation": {"num_beams": 2, "min_length": 4, "max_length": 20},
+    }]})  # fmt: skip
 
-    texts: list[Annotated[str, AfterValidator(_not_blank)]] = Field(
-        description="Articles to summarize (at least one; at most MAX_TEXTS)."
+    texts: list[Annotated[str, AfterValidator(_not_blank), WithJsonSchema({"type": "string", "minLength": 1})]] = Field(
+        description="Articles to summarize (at least one, none blank; at most MAX_TEXTS).",
+        json_schema_extra={"minItems": 1},
     )
     references: list[str] | None = Field(
         None, description="Reference summaries, one per text; ROUGE is scored when given."

@@ -65,7 +65,8 @@ class Metrics:
             f"{PREFIX}rejected_requests", "Requests refused before queueing.", ["reason"], registry=r
         )
         self.cancelled = Counter(
-            f"{PREFIX}cancelled_requests", "Requests whose client disconnected before the answer.", registry=r
+            f"{PREFIX}cancelled_requests", "Requests whose work was cancelled: client gone or deadline passed.",
+            registry=r,
         )
         self.queue_size = Gauge(f"{PREFIX}queue_size", "Work items waiting for the device.", ["kind"], registry=r)
         self.device_allocated = Gauge(

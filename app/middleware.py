@@ -24,6 +24,9 @@ from app.metrics import Metrics
 logger = logging.getLogger("app")
 
 _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+# Metric labels take these methods as they are and any other as "other": a client must not be able
+# to create a new time series (memory that is never freed) with every made-up method name.
+_METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 class RequestContextMiddleware:
@@ -60,7 +63,8 @@ class RequestContextMiddleware:
         finally:
             self.metrics.in_flight.dec()
             route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.requests.labels(route=route, method=scope["method"], status=str(status)).inc()
+            method = scope["method"] if scope["method"] in _METHOD_LABELS else "other"
+            self.metrics.requests.labels(route=route, method=method, status=str(status)).inc()
             self.metrics.latency.labels(route=route).observe(time.perf_counter() - started)
 
 

@@ -76,3 +76,11 @@ def test_a_body_sent_too_slowly_is_a_408_and_the_connection_is_closed(make_app):
     assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
     assert json.loads(body)["error"]["code"] == "request_timeout"
     assert 0.5 <= waited < 10
+
+
+def test_made_up_methods_share_one_metric_label(client):
+    for method in ("BREW", "PROPFIND", "X-ANYTHING"):
+        assert client.request(method, "/summarize").status_code == 405
+    exposition = client.app.state.metrics.exposition().decode()
+    assert 'method="other",route="/summarize",status="405"} 3.0' in exposition
+    assert "BREW" not in exposition

@@ -166,12 +166,30 @@ class SummarizeResponse(BaseModel):
 
 
 class DeviceMemory(BaseModel):
-    """Device memory now and at its peak (CUDA allocator; on CPU the weights), and the process RSS."""
+    """Device memory now and at its peak (CUDA allocator; on CPU the weights), the weights' bytes
+    (None before the model is loaded) and the process RSS."""
 
     device: str | None
     allocated_bytes: int
     peak_bytes: int
     rss_bytes: int
+    weights_bytes: int | None
+
+
+class RequestsNow(BaseModel):
+    """HTTP requests being handled now."""
+
+    in_flight: int
+
+
+class Latency(BaseModel):
+    """One route's request latency, in seconds, estimated from the latency histogram's buckets."""
+
+    count: int
+    mean_s: float
+    p50: float
+    p90: float
+    p99: float
 
 
 class QueueState(BaseModel):
@@ -183,8 +201,11 @@ class QueueState(BaseModel):
 
 
 class MetricsSnapshot(BaseModel):
-    """``GET /metrics?format=json``: memory, the queue and the last requests' memory/timing logs."""
+    """``GET /metrics?format=json``: memory, requests in flight, latency per route, the queue and the
+    last requests' memory/timing logs."""
 
     memory: DeviceMemory
+    requests: RequestsNow
+    latency: dict[str, Latency]
     queue: QueueState
     recent: list[dict]

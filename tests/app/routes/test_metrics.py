@@ -70,3 +70,11 @@ def test_json_view_has_memory_stats_queue_and_a_bounded_request_log(make_app):
     for log in snapshot["recent"]:
         assert log["memory"]["peak_bytes"] > 0 and log["timing"]["total"] > 0 and log["texts"] == 1
     assert bad_format.status_code == 422 and bad_format.json()["error"]["field"] == "format"
+
+
+def test_the_json_view_has_the_documented_shape(client):
+    from app.schemas import MetricsSnapshot
+
+    client.post("/summarize", json={"texts": ["a text"], "generation": FAST})
+    body = client.get("/metrics", params={"format": "json"}).json()
+    assert MetricsSnapshot.model_validate(body).model_dump() == body

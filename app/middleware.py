@@ -205,7 +205,10 @@ class TimeLimitMiddleware:
         with deadline:
             await self.app(scope, timed_receive, tracking_send)
         if deadline.cancelled_caught and not started:
+            request = Request(scope)
+            logger.warning("%s %s (request %s) passed its deadline of %g s; its work was cancelled",
+                           request.method, request.url.path, request.state.request_id, self.request_timeout)
             message = (f"the request did not complete within {self.request_timeout:g} s (REQUEST_TIMEOUT_S); "
                        "its work was cancelled")
             closing = {} if body_done else {"Connection": "close"}
-            await error_response(Request(scope), 504, "timeout", message, headers=closing)(scope, receive, send)
+            await error_response(request, 504, "timeout", message, headers=closing)(scope, receive, send)

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--dataset-config", help="hub dataset config, e.g. 3.0.0")
     evaluate.add_argument("--split", default="test", help="hub dataset split (default: test)")
     evaluate.add_argument("--out", required=True, help="output directory (rerun into it to resume)")
+    evaluate.add_argument("--overwrite", action="store_true",
+                          help="delete an earlier run in --out and start over (a run on another dataset, "
+                               "model or settings is refused otherwise)")
     evaluate.add_argument("--limit", type=int, help="evaluate only the first N records")
     evaluate.add_argument("--text-column", default="article", help="default: article")
     evaluate.add_argument("--summary-column", default="highlights", help="default: highlights")
@@ -222,8 +225,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,
         limit=args.limit,
     )
+    source = args.data if args.data is not None else " ".join(
+        part for part in (args.dataset, args.dataset_config, args.split) if part)
     summarizer = load_summarizer(args)
-    metrics = run_evaluation(summarizer, records, args.out, generation_kwargs(args), progress=not args.no_progress)
+    metrics = run_evaluation(summarizer, records, args.out, generation_kwargs(args), progress=not args.no_progress,
+                             source=source, overwrite=args.overwrite)
     print(json.dumps(metrics, indent=2))
     return 0
 

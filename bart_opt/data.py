@@ -1,34 +1,38 @@
 """Evaluation records from a hub dataset, a local JSONL / JSON / CSV / Parquet file, or a Python list.
 
-Every source ends as a list of `Record(id, text, reference)`. Columns are named by the caller
-(`text_column`, `summary_column`, `id_column`; CNN/DailyMail's `article`, `highlights`, `id` by
-default). Problems are `ValueError`s that name the record or the column at fault, so a service
-can hand them to its client as they are.
+`iter_records` streams `Record(id, text, reference)`s from one source, checking each as it
+is read: nothing is held but the record at hand, so a caller that stores them as they come
+(the service's jobs) needs memory for one record, not for the dataset. `load_records` reads
+them all into a list and also checks that the ids are unique (the CLI). Columns are named by
+the caller (`text_column`, `summary_column`, `id_column`; CNN/DailyMail's `article`,
+`highlights`, `id` by default). Problems are `ValueError`s that name the record or the
+column at fault, so a service can hand them to its client as they are.
 
-Hub datasets load through `datasets.load_dataset` (network, or a local dataset folder). Local
-files are read directly: no cache copy of the file is written, CSV values stay strings (an id
-such as "007" keeps its zeros), and a broken JSON line is reported with its line number.
+Hub datasets are streamed through `datasets.load_dataset(..., streaming=True)` (network, or a
+local dataset folder), so `limit` bounds what is downloaded and no data files are cached.
+Local files are read in bounded pieces by `bart_opt.readers` (no cache copy is written, CSV
+values stay strings, a broken JSON line is reported with its line number, and a line larger
+than `max_line_bytes` is refused without reading it whole).
 """
 
 from __future__ import annotations
 
-import csv
-import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
-import pyarrow.parquet as pq
+from bart_opt.readers import (
+    DEFAULT_MAX_LINE_BYTES,
+    FILE_FORMATS,
+    Rows,
+    file_format,
+    file_rows,
+)
 
-FILE_FORMATS = {
-    ".jsonl": "json",
-    ".ndjson": "json",
-    ".json": "json",
-    ".csv": "csv",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-}
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "FILE_FORMATS", "MissingColumnError", "Record", "RecordStream",
+           "iter_records", "load_records"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,9 +42,6 @@ class Record:
     id: str
     text: str
     reference: str | None = None
-
-
-Rows = Iterator[Mapping[str, Any]]
 
 
 class MissingColumnError(ValueError):
@@ -67,12 +68,46 @@ def load_records(
     summary_column: str | None = "highlights",
     id_column: str | None = "id",
     limit: int | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
 ) -> list[Record]:
-    """Read records from exactly one of `hub`, `file` or `records`.
+    """Read every record of exactly one of `hub`, `file` or `records` (see `iter_records`).
+
+    Raises what `iter_records` raises, and ValueError for no records at all or duplicate ids.
+    """
+    stream = iter_records(hub=hub, config=config, split=split, file=file, records=records,
+                          text_column=text_column, summary_column=summary_column, id_column=id_column,
+                          limit=limit, max_line_bytes=max_line_bytes)
+    result = list(stream)
+    if not result:
+        raise ValueError(f"no records in {stream.source}")
+    _check_unique_ids(result)
+    return result
+
+
+def iter_records(
+    hub: str | None = None,
+    config: str | None = None,
+    split: str = "test",
+    file: str | Path | None = None,
+    records: Sequence[Mapping[str, Any]] | None = None,
+    text_column: str = "article",
+    summary_column: str | None = "highlights",
+    id_column: str | None = "id",
+    limit: int | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    *,
+    name: str | None = None,
+) -> RecordStream:
+    """Open exactly one of `hub`, `file` or `records` and stream its records.
+
+    The source is opened and its columns checked now; records are read and checked as the
+    result is iterated. Ids are not checked for uniqueness (that needs every id: `load_records`
+    does it, the service's store does it with an index).
 
     Args:
         hub: a dataset name on the Hugging Face hub (e.g. "abisee/cnn_dailymail") or a local
-            dataset folder, loaded with `datasets.load_dataset(hub, config, split=split)`.
+            dataset folder, streamed with `datasets.load_dataset(hub, config, split=split,
+            streaming=True)`.
         config: the dataset configuration (e.g. "3.0.0"); hub only.
         split: the split to read; hub only.
         file: a local file; the format comes from the extension: .jsonl/.ndjson (one JSON object
@@ -85,47 +120,64 @@ def load_records(
         id_column: the column holding unique ids. When the source has no such column (or it is
             None) ids are the row positions as strings ("0", "1", ...), stable across reruns.
         limit: read at most this many records, from the start.
+        max_line_bytes: the most bytes of a file read as one piece (a line, a CSV row, an array
+            element; see `bart_opt.readers`); a larger one raises `bart_opt.readers.TooLarge`.
+        name: how messages call `file` (default: the path as given), e.g. a path relative to
+            a data folder that should not reveal where that folder is.
 
     Raises:
         MissingColumnError: the text, summary or id column is missing (lists those that exist).
         ValueError: no source or several, an unknown file extension, a broken JSON line, a bad
-            `limit`, no records at all, duplicate ids, or a record whose text or reference is
-            empty or not a string (the message names the record).
+            `limit`, or (while iterating) a record whose text or reference is empty or not a
+            string (the message names the record).
         FileNotFoundError: `file` does not exist.
+        OSError: `file` cannot be read.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
     if not isinstance(text_column, str) or not text_column:
         raise ValueError("text_column must be a non-empty string")
     requested = _Columns(text_column, summary_column, id_column)
-    columns, rows, source = _open_source(hub, config, split, file, records, requested)
-    result = [columns.record(i, row) for i, row in enumerate(islice(rows, limit))]
-    if not result:
-        raise ValueError(f"no records in {source}")
-    _check_unique_ids(result)
-    return result
-
-
-def _open_source(
-    hub: str | None,
-    config: str | None,
-    split: str,
-    file: str | Path | None,
-    records: Sequence[Mapping[str, Any]] | None,
-    columns: _Columns,
-) -> tuple[_Columns, Rows, str]:
-    """Check that exactly one source is given; return its resolved columns, rows and a name for errors."""
     sources = {"hub": hub, "file": file, "records": records}
-    given = [name for name, value in sources.items() if value is not None]
+    given = [key for key, value in sources.items() if value is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of hub, file or records (got {', '.join(given) or 'none'})")
     if hub is not None:
-        return *_hub_rows(hub, config, split, columns), f"dataset {hub!r}"
-    if file is not None:
-        return *_file_rows(Path(file), columns), f"file {str(file)!r}"
-    if isinstance(records, (str, bytes, Mapping)):
-        raise ValueError("records must be a list of dicts")
-    return *_mapping_rows(records, columns, "records"), "records"
+        columns, rows = _hub_rows(hub, config, split, requested)
+        source = f"dataset {hub!r}"
+    elif file is not None:
+        name = str(file) if name is None else name
+        columns, rows = _file_rows(Path(file), requested, name, max_line_bytes)
+        source = f"file {name!r}"
+    else:
+        if isinstance(records, (str, bytes, Mapping)):
+            raise ValueError("records must be a list of dicts")
+        columns, rows = _mapping_rows(records, requested, "records")
+        source = "records"
+    return RecordStream(columns, rows, source, limit)
+
+
+class RecordStream:
+    """The records of one opened source, read and checked as they are iterated (once).
+
+    `source` names the source for messages ("file 'cnn.jsonl'", "dataset 'abisee/cnn_dailymail'").
+    `close()` releases the file or connection early when not every record is wanted.
+    """
+
+    def __init__(self, columns: _Columns, rows: Rows, source: str, limit: int | None):
+        self.columns = columns
+        self.source = source
+        self._rows = rows
+        self._limit = limit
+
+    def __iter__(self) -> Iterator[Record]:
+        for index, row in enumerate(islice(self._rows, self._limit)):
+            yield self.columns.record(index, row)
+
+    def close(self) -> None:
+        close = getattr(self._rows, "close", None)
+        if close is not None:
+            close()
 
 
 @dataclass(frozen=True)
@@ -147,6 +199,7 @@ class _Columns:
         return self
 
     def needed(self) -> list[str]:
+        """The columns asked for (the id column only when given)."""
         return [c for c in (self.id, self.text, self.summary) if c is not None]
 
     def record(self, index: int, row: Mapping[str, Any]) -> Record:
@@ -218,77 +271,21 @@ def _check_mapping(row: Any, index: int, source: str) -> None:
 
 
 def _hub_rows(hub: str, config: str | None, split: str, columns: _Columns) -> tuple[_Columns, Rows]:
-    """Rows of `datasets.load_dataset(hub, config, split=split)`, only the needed columns."""
+    """Rows of `datasets.load_dataset(hub, config, split=split, streaming=True)`, as they arrive."""
     import datasets  # heavy import (about a second); only hub sources pay for it
 
-    dataset = datasets.load_dataset(hub, config, split=split)
-    resolved = columns.check(dataset.column_names, f"dataset {hub!r} split {split!r}")
-    return resolved, iter(dataset.select_columns(resolved.needed()))
+    dataset = datasets.load_dataset(hub, config, split=split, streaming=True)
+    return _mapping_rows(iter(dataset), columns, f"dataset {hub!r} split {split!r}")
 
 
-def _file_rows(path: Path, columns: _Columns) -> tuple[_Columns, Rows]:
-    file_format = FILE_FORMATS.get(path.suffix.lower())
-    if file_format is None:
-        raise ValueError(
-            f"unsupported file type {path.suffix or '(no extension)'!r} for {path}; "
-            f"expected one of {', '.join(FILE_FORMATS)}"
-        )
+def _file_rows(path: Path, columns: _Columns, name: str, max_line_bytes: int) -> tuple[_Columns, Rows]:
+    try:
+        file_format(path)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None
     if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path}")
-    readers = {"json": _json_rows, "csv": _csv_rows, "parquet": _parquet_rows}
-    return readers[file_format](path, columns)
-
-
-def _json_rows(path: Path, columns: _Columns) -> tuple[_Columns, Rows]:
-    """A JSON array of objects, or JSON lines (one object per line, blank lines skipped)."""
-    with path.open(encoding="utf-8-sig") as handle:
-        is_array = handle.read(4096).lstrip().startswith("[")
-    if is_array:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8-sig"))
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}, line {error.lineno}: invalid JSON ({error.msg})") from None
-        return _mapping_rows(data, columns, path.name)
-    return _mapping_rows(_json_lines(path), columns, path.name)
-
-
-def _json_lines(path: Path) -> Iterator[Any]:
-    with path.open(encoding="utf-8-sig") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}, line {line_number}: invalid JSON ({error.msg})") from None
-
-
-def _csv_rows(path: Path, columns: _Columns) -> tuple[_Columns, Rows]:
-    """CSV with a header row; every value stays a string."""
-    # Articles can exceed the csv module's default 128 KiB field limit.
-    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
-    with path.open(encoding="utf-8-sig", newline="") as handle:
-        header = next(csv.reader(handle), [])
-    resolved = columns.check(header, path.name)
-
-    def rows() -> Rows:
-        with path.open(encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle)
-            try:
-                yield from reader
-            except csv.Error as error:
-                raise ValueError(f"{path}, line {reader.line_num}: bad CSV ({error})") from None
-
-    return resolved, rows()
-
-
-def _parquet_rows(path: Path, columns: _Columns) -> tuple[_Columns, Rows]:
-    """Parquet, read in batches of only the needed columns."""
-    parquet = pq.ParquetFile(path)
-    resolved = columns.check(parquet.schema_arrow.names, path.name)
-
-    def rows() -> Rows:
-        for batch in parquet.iter_batches(batch_size=1024, columns=resolved.needed()):
-            yield from batch.to_pylist()
-
-    return resolved, rows()
+        raise FileNotFoundError(f"no such file: {name}")
+    declared, rows = file_rows(path, name, columns.needed(), max_line_bytes)
+    if declared is None:
+        return _mapping_rows(rows, columns, name)
+    return columns.check(declared, name), rows

@@ -8,11 +8,14 @@ Three layers, so that other runners can reuse the loop with their own storage:
   decides where rows go, when to stop (cancel) and what else runs in between.
 - `compute_metrics(rows, records, ...)`: pure; the final metrics from the stored rows,
   in record order, so a resumed run gives the same ROUGE as an uninterrupted one.
+- `metrics_from_rows(rows, ...)`: the same, streaming: rows in record order from any
+  iterable (the service's jobs read them from SQLite a page at a time), holding only the
+  per-example ROUGE scores (12 floats each) for the bootstrap.
 - `run_evaluation(summarizer, records, out_dir, ...)`: the file-backed runner used by
   ``bart-opt evaluate``: `out_dir/predictions.jsonl` (one line per record, flushed per
   batch; rerunning skips ids already there, a torn last line is dropped),
-  `out_dir/run.json` (model and generation settings, checked on resume) and
-  `out_dir/metrics.json` at the end.
+  `out_dir/run.json` (model, generation settings and the dataset's fingerprint, all
+  checked on resume) and `out_dir/metrics.json` at the end.
 
 A prediction row is ``{"id", "prediction", "reference", "rouge", "error",
 "input_tokens", "output_tokens", "truncated", "padding_computed", "padding_avoided",
@@ -24,15 +27,18 @@ empty prediction; it is not retried on resume and is left out of ROUGE.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bart_opt.data import Record
+from bart_opt.rouge import MEASURES
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import BatchOutcome, Summarizer
 
@@ -105,33 +111,85 @@ def compute_metrics(
     missing = [record.id for record in records if record.id not in rows]
     if missing:
         raise ValueError(f"{len(missing)} records have no prediction (first: {missing[0]!r})")
-    ordered = [rows[record.id] for record in records]
-    scored = [row["rouge"] for row in ordered if row["rouge"] is not None]
-    runtime = sum(row["seconds"] for row in ordered)
+    return metrics_from_rows((rows[record.id] for record in records), summarizer=summarizer, generation=generation)
+
+
+def metrics_from_rows(rows: Iterable[dict], *, summarizer: Summarizer, generation: Mapping[str, Any]) -> dict:
+    """The metrics of `compute_metrics` from prediction rows given in record order, read once.
+
+    Holds only counters and the scored rows' ROUGE as packed floats, so any number of rows
+    can stream through (from a file, or from a database a page at a time).
+    """
+    types = summarizer.scorer.rouge_types
+    scores = _PackedScores(types)
+    n = errors = padding_computed = padding_avoided = tokens_in = tokens_out = truncated = peak = 0
+    runtime = 0.0
+    for row in rows:
+        n += 1
+        errors += row["error"] is not None
+        runtime += row["seconds"]
+        peak = max(peak, row["batch_peak_bytes"])
+        padding_computed += row["padding_computed"]
+        padding_avoided += row["padding_avoided"]
+        tokens_in += row["input_tokens"]
+        tokens_out += row["output_tokens"]
+        truncated += bool(row["truncated"])
+        if row["rouge"] is not None:
+            scores.append(row["rouge"])
     return {
         "model": summarizer.name,
-        "n_obs": len(ordered),
-        "n_errors": sum(row["error"] is not None for row in ordered),
-        "n_scored": len(scored),
+        "n_obs": n,
+        "n_errors": errors,
+        "n_scored": len(scores),
         "runtime_s": runtime,
-        "seconds_per_sample": runtime / len(ordered) if ordered else 0.0,
-        "rouge": summarizer.scorer.aggregate(scored) if scored else None,
-        "memory": {
-            "device": str(summarizer.device),
-            "peak_bytes": max((row["batch_peak_bytes"] for row in ordered), default=0),
-            "peak_source": _peak_source(summarizer),
-        },
-        "padding": {
-            "computed": sum(row["padding_computed"] for row in ordered),
-            "avoided": sum(row["padding_avoided"] for row in ordered),
-        },
-        "tokens": {
-            "input": sum(row["input_tokens"] for row in ordered),
-            "output": sum(row["output_tokens"] for row in ordered),
-            "truncated_inputs": sum(bool(row["truncated"]) for row in ordered),
-        },
+        "seconds_per_sample": runtime / n if n else 0.0,
+        "rouge": summarizer.scorer.aggregate(scores) if len(scores) else None,
+        "memory": {"device": str(summarizer.device), "peak_bytes": peak, "peak_source": _peak_source(summarizer)},
+        "padding": {"computed": padding_computed, "avoided": padding_avoided},
+        "tokens": {"input": tokens_in, "output": tokens_out, "truncated_inputs": truncated},
         "generation": dict(generation),
     }
+
+
+class _PackedScores(Sequence):
+    """Per-example ROUGE scores packed as floats (rouge type x measure), read back as the scorer's dicts."""
+
+    def __init__(self, rouge_types: Sequence[str]):
+        self._types = list(rouge_types)
+        self._width = len(self._types) * len(MEASURES)
+        self._values = array("d")
+
+    def append(self, score: Mapping[str, Mapping[str, float]]) -> None:
+        self._values.extend(float(score[t][m]) for t in self._types for m in MEASURES)
+
+    def __len__(self) -> int:
+        return len(self._values) // self._width
+
+    def __getitem__(self, index: int) -> dict[str, dict[str, float]]:
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        start = index * self._width
+        values = iter(self._values[start : start + self._width])
+        return {t: {m: next(values) for m in MEASURES} for t in self._types}
+
+
+def dataset_fingerprint(records: Iterable[Record], *, prefix: int | None = None) -> tuple[str, int, str | None]:
+    """A digest of the records' ids, texts and references in order, their count, and the
+    digest of the first `prefix` of them (None unless there are at least that many).
+
+    Computed as the records stream by: two sequences with the same fingerprint give the same
+    examples to evaluate, and a run over the first N records of a dataset is recognised as
+    part of a longer run over it (a rerun with a larger ``--limit``).
+    """
+    digest = hashlib.sha256()
+    count = 0
+    at_prefix = None
+    for record in records:
+        digest.update(json.dumps([record.id, record.text, record.reference], ensure_ascii=False).encode() + b"\n")
+        count += 1
+        if count == prefix:
+            at_prefix = f"sha256:{digest.hexdigest()}"
+    return f"sha256:{digest.hexdigest()}", count, at_prefix
 
 
 def _peak_source(summarizer: Summarizer) -> str:
@@ -190,23 +248,30 @@ def run_evaluation(
     progress: bool = True,
     *,
     on_batch: Callable[[list[dict]], None] | None = None,
+    source: str | None = None,
+    overwrite: bool = False,
 ) -> dict:
     """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
 
     Writes predictions.jsonl as it goes, then metrics.json; returns the metrics.
     `progress` shows a tqdm bar on stderr. `on_batch(rows)` runs after each batch is
     on disk (a hook for callers and tests; raising from it stops the run, leaving a
-    resumable directory). Raises `InvalidRequest` for bad generation options (before
-    anything is written) and ValueError when `out_dir` holds a run made with another
-    model or other generation settings.
+    resumable directory). `source` names the dataset in run.json and in messages.
+    `overwrite` deletes an earlier run in `out_dir` and starts over. Raises
+    `InvalidRequest` for bad generation options (before anything is written) and
+    ValueError when `out_dir` holds a run made with another model, other generation
+    settings or another dataset (ids, texts and references are fingerprinted).
     """
     from tqdm.auto import tqdm
 
     spec = summarizer.generation_spec(generation_kwargs)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    settings = spec.to_dict()
-    _check_run_file(out / RUN_FILE, {"model": summarizer.name, "generation": settings})
+    if overwrite:
+        for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
+            (out / name).unlink(missing_ok=True)
+    run = {"model": summarizer.name, "generation": spec.to_dict()}
+    _check_run_file(out / RUN_FILE, run, records, source)
+    settings = run["generation"]
     store = JsonlPredictionStore(out / PREDICTIONS_FILE)
     rows = store.load()
     wanted = {record.id for record in records}
@@ -226,15 +291,40 @@ def run_evaluation(
     return metrics
 
 
-def _check_run_file(path: Path, run: dict) -> None:
-    """Record the run's model and settings, or check them against an earlier run's."""
-    run = json.loads(json.dumps(run))
-    if path.exists():
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-        if earlier != run:
+def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> None:
+    """Check the run's model, settings and dataset against an earlier run's in `path`, then record them.
+
+    The dataset may grow (the earlier run's records must be its start: a rerun with a larger
+    ``--limit``); anything else that differs is refused before anything is written.
+    """
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    where = path.parent
+    before = earlier.get("dataset") if earlier is not None else None
+    fingerprint, count, prefix = dataset_fingerprint(records, prefix=before.get("records") if before else None)
+    current = {**json.loads(json.dumps(run)), "dataset": {"source": source, "records": count, "fingerprint": fingerprint}}
+    if earlier is not None:
+        settings = {key: current[key] for key in ("model", "generation")}
+        earlier_settings = {key: earlier.get(key) for key in settings}
+        if earlier_settings != settings:
             raise ValueError(
-                f"{path.parent} holds a run with other settings ({json.dumps(earlier)}), not "
-                f"{json.dumps(run)}; use another output directory"
+                f"{where} holds a run with other settings ({json.dumps(earlier_settings)}), not "
+                f"{json.dumps(settings)}; use another output directory, or --overwrite to start over"
             )
-        return
-    path.write_text(json.dumps(run, indent=2) + "\n", encoding="utf-8")
+        if before is None:
+            raise ValueError(f"{where} holds a run that does not record its dataset, so resuming it could mix two "
+                             "datasets; use another output directory, or --overwrite to start over")
+        if prefix != before.get("fingerprint"):
+            now = current["dataset"]
+            shorter = " (fewer records than it evaluated)" if prefix is None else ""
+            raise ValueError(
+                f"{where} holds a run on another dataset ({_describe(before)}), not this one ({_describe(now)})"
+                f"{shorter}; rerun with that dataset to resume, use another output directory, or --overwrite to "
+                "start over"
+            )
+    where.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+
+
+def _describe(dataset: Mapping[str, Any]) -> str:
+    source = f"{dataset['source']}, " if dataset.get("source") else ""
+    return f"{source}{dataset.get('records')} records, {str(dataset.get('fingerprint'))[:19]}"

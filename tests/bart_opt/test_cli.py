@@ -72,6 +72,32 @@ def test_evaluate_writes_metrics_and_resumes(demo_checkpoint, tmp_path, capsys):
     assert sorted(ids) == ["0", "1", "2", "3", "4"]
 
 
+def test_evaluate_refuses_to_resume_on_another_dataset_until_overwrite(demo_checkpoint, tmp_path, capsys):
+    """A.jsonl then B.jsonl with the same ids into one --out: refused, A's predictions untouched."""
+    rng = random.Random(8)
+    for name in ("A", "B"):
+        rows = [{"id": str(i), "article": random_article(rng, 2), "highlights": "A summary."} for i in range(2)]
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "runs" / "x"
+    args = ["evaluate", "--model", demo_checkpoint, "--out", str(out), *GEN, "--no-progress", "--no-memory-count"]
+    assert main([*args, "--data", str(tmp_path / "A.jsonl")]) == 0
+    a_lines = (out / "predictions.jsonl").read_text()
+    capsys.readouterr()
+
+    assert main([*args, "--data", str(tmp_path / "B.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run on another dataset" in err and "A.jsonl, 2 records" in err and "--overwrite" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert (out / "predictions.jsonl").read_text() == a_lines
+
+    assert main([*args, "--data", str(tmp_path / "B.jsonl"), "--overwrite"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    b_texts = {row["id"]: row["highlights"] for row in map(json.loads, (tmp_path / "B.jsonl").open())}
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert metrics["resumed_from"] == 0 and {row["id"]: row["reference"] for row in rows} == b_texts
+    assert json.loads((out / "run.json").read_text())["dataset"]["source"] == str(tmp_path / "B.jsonl")
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -11,12 +11,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from bart_opt import InvalidRequest
-from bart_opt.data import load_records
+from bart_opt.data import Record, load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import (
     JsonlPredictionStore,
     compute_metrics,
+    dataset_fingerprint,
     iter_predictions,
+    metrics_from_rows,
     run_evaluation,
 )
 from bart_opt.summarizer import Summarizer
@@ -127,6 +129,50 @@ def test_other_settings_in_the_same_directory_are_refused(full_run, summarizer, 
     out, _ = full_run
     with pytest.raises(ValueError, match="other settings"):
         run_evaluation(summarizer, records, out, {"max_length": 10}, progress=False)
+
+
+def test_a_run_on_other_records_is_refused_and_overwrite_starts_over(summarizer, records, tmp_path):
+    run_evaluation(summarizer, records[:3], tmp_path, GEN, progress=False, source="a.jsonl")
+    before = (tmp_path / "predictions.jsonl").read_text()
+    other_text = [Record(r.id, r.text + " More.", r.reference) for r in records[:3]]
+    other_reference = [Record(r.id, r.text, "Another summary.") for r in records[:3]]
+    for changed in (other_text, other_reference, records[1:4], records[:2]):
+        with pytest.raises(ValueError, match=r"another dataset \(a.jsonl, 3 records, sha256:"):
+            run_evaluation(summarizer, changed, tmp_path, GEN, progress=False, source="b.jsonl")
+    assert (tmp_path / "predictions.jsonl").read_text() == before
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["dataset"]["fingerprint"] == dataset_fingerprint(records[:3])[0]
+
+    grown = run_evaluation(summarizer, records[:5], tmp_path, GEN, progress=False, source="a.jsonl")
+    assert grown["resumed_from"] == 3 and grown["n_obs"] == 5  # a larger --limit extends the run
+
+    fresh = run_evaluation(summarizer, other_text, tmp_path, GEN, progress=False, overwrite=True)
+    assert fresh["resumed_from"] == 0 and fresh["n_obs"] == 3
+    rows = read_lines(tmp_path / "predictions.jsonl")  # longest first, as batched
+    assert sorted(row["id"] for row in rows) == [r.id for r in other_text]
+
+
+def test_a_run_directory_without_a_dataset_fingerprint_is_refused(summarizer, records, tmp_path):
+    run_evaluation(summarizer, records[:2], tmp_path, GEN, progress=False)
+    run = json.loads((tmp_path / "run.json").read_text())
+    del run["dataset"]
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    with pytest.raises(ValueError, match="does not record its dataset"):
+        run_evaluation(summarizer, records[:2], tmp_path, GEN, progress=False)
+
+
+def test_fingerprint_streams_and_marks_the_prefix(records):
+    fingerprint, count, prefix = dataset_fingerprint(iter(records), prefix=3)
+    assert count == len(records) and prefix == dataset_fingerprint(records[:3])[0] != fingerprint
+    assert dataset_fingerprint(records[:2], prefix=3)[2] is None
+
+
+def test_metrics_from_rows_streams_in_record_order(full_run, summarizer, records):
+    out, metrics = full_run
+    by_id = {row["id"]: row for row in read_lines(out / "predictions.jsonl")}
+    streamed = metrics_from_rows((by_id[r.id] for r in records), summarizer=summarizer,
+                                 generation=metrics["generation"])
+    assert streamed == {k: v for k, v in metrics.items() if k not in ("wall_s_last_run", "resumed_from")}
 
 
 def test_iter_predictions_skips_done_ids_and_is_a_plain_generator(summarizer, records):

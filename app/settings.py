@@ -14,6 +14,8 @@ from fastapi import Request
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
+
 
 class Settings(BaseSettings):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
@@ -58,6 +60,30 @@ class Settings(BaseSettings):
     shutdown_timeout: float = Field(30.0, gt=0, description="Seconds SIGTERM waits for requests in flight.")
     db: str = Field("./bart_opt_jobs.db", description="SQLite file of evaluation jobs.")
     data_dir: str = Field("./data", description="The only folder evaluation jobs may read files from.")
+    hub_datasets: str = Field(
+        "abisee/cnn_dailymail",
+        description="Hub datasets evaluation jobs may stream, comma-separated ids; '*' allows any id, '' none.",
+    )
+    max_job_records: int = Field(1_000_000, ge=1, description="Most records one evaluation job may hold.")
+    max_record_chars: int = Field(
+        200_000, ge=1, description="Longest text or reference of a job's record; a longer record fails, the job goes on."
+    )
+    max_line_bytes: int = Field(
+        DEFAULT_MAX_LINE_BYTES, ge=1024,
+        description="Most bytes of a dataset file parsed as one piece (JSONL line, CSV row, JSON array element); "
+        "a larger one is refused without reading it whole.",
+    )
+    job_window: int = Field(512, ge=1, description="Records a running job tokenizes and plans at a time.")
+    job_window_chars: int = Field(2_000_000, ge=1, description="Characters a running job tokenizes at a time (about).")
+    job_lease_s: float = Field(
+        30.0, gt=0, description="Seconds a process's claim on a job holds unrenewed; a dead owner's job is taken over after it."
+    )
+    store_retry_s: float = Field(
+        60.0, ge=0, description="Seconds a running job retries a failing jobs database before it is failed."
+    )
+    dataset_loaders: int = Field(
+        2, ge=1, description="Threads loading submitted datasets, for hub and for local sources each (429 beyond twice that)."
+    )
 
     @field_validator("device")
     @classmethod

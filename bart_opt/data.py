@@ -31,8 +31,8 @@ from bart_opt.readers import (
     file_rows,
 )
 
-__all__ = ["DEFAULT_MAX_LINE_BYTES", "FILE_FORMATS", "MissingColumnError", "Record", "RecordStream",
-           "iter_records", "load_records"]
+__all__ = ["DEFAULT_MAX_LINE_BYTES", "FILE_FORMATS", "HubUnavailable", "MissingColumnError", "Record",
+           "RecordStream", "iter_records", "load_records"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,11 @@ class Record:
     id: str
     text: str
     reference: str | None = None
+
+
+class HubUnavailable(OSError):
+    """A hub dataset that could not be opened or read (no network, no such dataset, config or
+    split, a failure mid-stream); the loader's own exception is chained as ``__cause__``."""
 
 
 class MissingColumnError(ValueError):
@@ -132,6 +137,7 @@ def iter_records(
             string (the message names the record).
         FileNotFoundError: `file` does not exist.
         OSError: `file` cannot be read.
+        HubUnavailable: the hub dataset cannot be opened or (while iterating) read.
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}")
@@ -274,8 +280,23 @@ def _hub_rows(hub: str, config: str | None, split: str, columns: _Columns) -> tu
     """Rows of `datasets.load_dataset(hub, config, split=split, streaming=True)`, as they arrive."""
     import datasets  # heavy import (about a second); only hub sources pay for it
 
-    dataset = datasets.load_dataset(hub, config, split=split, streaming=True)
-    return _mapping_rows(iter(dataset), columns, f"dataset {hub!r} split {split!r}")
+    where = f"dataset {hub!r}" + (f" config {config!r}" if config else "") + f" split {split!r}"
+    try:
+        rows = iter(datasets.load_dataset(hub, config, split=split, streaming=True))
+    except Exception as error:  # noqa: BLE001 - every loader failure is the source's, reported as one kind
+        raise HubUnavailable(f"could not open {where}: {error}") from error
+
+    def guarded() -> Rows:
+        while True:
+            try:
+                row = next(rows)
+            except StopIteration:
+                return
+            except Exception as error:  # noqa: BLE001 - as above, mid-stream
+                raise HubUnavailable(f"could not read {where}: {error}") from error
+            yield row
+
+    return _mapping_rows(guarded(), columns, where)
 
 
 def _file_rows(path: Path, columns: _Columns, name: str, max_line_bytes: int) -> tuple[_Columns, Rows]:

@@ -1,27 +1,35 @@
-"""The job runner: one thread that runs queued evaluation jobs, one batch at a time, on the shared worker.
+"""The job runner: one thread per process that runs evaluation jobs, one batch at a time, on the shared worker.
 
 How a job runs (``JobRunner._run``):
 
-1. The job's records come from the store; ids that already have a prediction are skipped
-   (this is the whole resume: a restarted job continues where its last committed batch ended).
-2. The rest are tokenized on this thread (a private copy of the tokenizer) and planned into
-   length-sorted batches under the service's token budget, exactly as ``bart-opt evaluate`` plans them.
-3. Each planned batch becomes one ``Kind.JOB`` work item on the device worker that also serves
-   ``POST /summarize``. Only one batch of a job is ever in the worker, and the worker runs
-   waiting interactive requests before a waiting job batch (up to its burst limit), so a
-   request waits for at most the one job batch already on the device.
+1. The job is claimed from the store under this process's lease (`JobStore.claim_next`); the
+   service renews the lease while the job runs (`heartbeat`), and every write checks it, so
+   no two processes ever run one job and a dead owner's job is taken over once its lease expires.
+2. The job's pending records (no prediction yet: this is the whole resume) are read a
+   **window** at a time: at most `RunnerConfig.window_records` records and about
+   `window_chars` characters. Only the window is tokenized (on this thread, with a private
+   copy of the tokenizer) and planned into length-sorted batches under the service's token
+   budget, so memory does not grow with the dataset and the first batch starts after one
+   window's tokenization, whatever the dataset's size.
+3. Records the submission marked failed (too long, not valid Unicode), or that the tokenizer
+   refuses, get an error row without a model call. Each planned batch becomes one
+   ``Kind.JOB`` work item on the device worker that also serves ``POST /summarize`` (which
+   goes first, up to its burst limit); only one batch of a job is ever in the worker.
 4. The finished batch is written in one transaction (predictions, batch stats, counters);
    the next batch is submitted only after that commit.
-5. When every record has a row, the final metrics are computed from *all stored rows* with
-   `bart_opt.evaluate.compute_metrics`, in record order, so ROUGE is the same however many
-   times the job was interrupted.
+5. When every record has a row, the job ends: ``failed`` with the first reasons when every
+   example failed, else ``succeeded`` with metrics computed from all stored rows, streamed
+   in record order (`bart_opt.evaluate.metrics_from_rows`), so ROUGE is the same however
+   many times the job was interrupted.
 
-Failures never loop: a batch that raises is split into single records; a record that still
-fails alone is stored with its ``error`` (as the pipeline stores an input that runs out of
-memory alone); after `MAX_FAILURE_STREAK` failed records in a row the job itself is failed with
-the last reason. Cancelling drops the job's waiting batch (a batch already on the device is
-abandoned and its result discarded). Stopping the service lets the batch on the device finish
-and be written, then leaves the job ``running`` in the store, to be resumed on the next start.
+Failures never loop and never strand a job: a batch that raises is split into single
+records; a record that still fails alone is stored with its reason; `MAX_FAILURE_STREAK`
+model failures in a row fail the job. A store error is retried with backoff for
+`store_retry_s`; then the job is failed with the reason, or, when even that cannot be
+written, left to its lease: this process (or another) claims it again once the store is
+back, and it resumes. Cancelling (``DELETE``), losing the lease, or stopping ends the job's
+run within the batch on the device (its result is dropped, or on stop written); a clean stop
+hands the job back to the queue (`JobStore.release`), which is not counted as a stall.
 """
 
 from __future__ import annotations
@@ -29,16 +37,18 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import logging
+import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.jobs.store import BatchWrite, JobStore
+from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
-from bart_opt.data import Record
-from bart_opt.evaluate import compute_metrics, prediction_row
+from bart_opt.errors import InvalidRequest
+from bart_opt.evaluate import metrics_from_rows, prediction_row
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Encoded, Summarizer
 
@@ -49,10 +59,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger("app.jobs")
 
 MAX_FAILURE_STREAK = 5
+FIRST_REASONS = 3
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """The runner's settings: lease length, window size, and how long a store error is retried."""
+
+    lease_s: float = 30.0
+    window_records: int = 512
+    window_chars: int = 2_000_000
+    store_retry_s: float = 60.0
 
 
 class _Interrupted(Exception):
-    """The job stops here without a verdict: cancelled, or the service is stopping."""
+    """The job's run stops here without a verdict: cancelled, its lease lost, or the service stopping."""
+
+
+class _StoreDown(Exception):
+    """The store kept failing for `RunnerConfig.store_retry_s`; the message says how (client-safe)."""
 
 
 @dataclass
@@ -60,37 +86,45 @@ class _Entry:
     """One record of a planned batch: its position in the job, the record, its tokens."""
 
     position: int
-    record: Record
+    stored: StoredRecord
     encoded: Encoded
 
 
 class JobRunner:
-    """Runs jobs from `store` on the worker of `summarize` (see the module docstring)."""
+    """Runs jobs from `store` on the worker of `summarize` as `owner` (see the module docstring).
+
+    `store_ready` is set once the store is open and migrated; the runner claims nothing before.
+    """
 
     queue_full_wait_s = 0.05  # how long to wait before offering a batch to a full job queue again
-    retry_seconds = 5.0
+    idle_poll_s = 1.0  # how often an idle runner looks for jobs queued by other processes
 
-    def __init__(self, store: JobStore, summarize: SummarizeService):
+    def __init__(self, store: JobStore, summarize: SummarizeService, config: RunnerConfig, owner: str,
+                 store_ready: threading.Event):
         self.store = store
         self.summarize = summarize
+        self.config = config
+        self.owner = owner
+        self._store_ready = store_ready
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._attention = threading.Event()  # rung when the batch waited on is done, or on cancel / stop
         self._lock = threading.Lock()
         self._current: str | None = None  # the job being run
-        self._current_cancelled = False
+        self._current_cancelled = False  # cancelled, or its lease lost
         self._encoder: Summarizer | None = None
         self._live: tuple[float, int] | None = None  # start of the current run, examples done in it
+        self.on_change: Callable[[], None] = lambda: None  # called when this runner starts or ends a job
         self._thread = threading.Thread(target=self._main, name="bart-opt-jobs", daemon=True)
 
     # ---- control (any thread) ------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the runner thread; it waits for the model, then works through the queue."""
+        """Start the runner thread; it waits for the model and the store, then works through the queue."""
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop after the batch on the device (if any) is written; the job stays resumable."""
+        """Stop after the batch on the device (if any) is written; the job goes back to the queue."""
         self._stop.set()
         self._kick.set()
         self._attention.set()
@@ -112,6 +146,24 @@ class JobRunner:
                 self._current_cancelled = True
         self._attention.set()
 
+    def heartbeat(self) -> None:
+        """Renew the lease of the job being run; stop running it when it is no longer ours.
+
+        Called by the service every second or so; a store error is logged and the next call
+        tries again (the lease outlives a few missed renewals).
+        """
+        job_id = self._current
+        if job_id is None:
+            return
+        try:
+            mine = self.store.renew(job_id, self.owner, self.config.lease_s)
+        except sqlite3.Error as error:
+            logger.warning("could not renew the lease of job %s: %s", job_id, describe_store_error(error))
+            return
+        if not mine:
+            logger.info("job %s is no longer ours (cancelled, or taken over after a stall)", job_id)
+            self.cancel(job_id)
+
     def rate(self) -> float:
         """Examples per second of the job running now (0 when none)."""
         live = self._live
@@ -129,16 +181,23 @@ class JobRunner:
         # The device thread uses the summarizer's tokenizer; planning here needs its own copy.
         self._encoder = copy.copy(summarizer)
         self._encoder.tokenizer = copy.deepcopy(summarizer.tokenizer)
+        delay = 0.0
         while not self._stop.is_set():
             self._kick.clear()
-            try:
-                job = self.store.claim_next()
-            except Exception:  # noqa: BLE001 - a database hiccup must not end the runner
-                logger.exception("could not read the job queue; retrying in %s s", self.retry_seconds)
-                self._stop.wait(self.retry_seconds)
+            if not self._store_ready.is_set():
+                self._stop.wait(0.2)
                 continue
+            try:
+                job = self.store.claim_next(self.owner, self.config.lease_s)
+            except sqlite3.Error as error:
+                delay = min(max(2 * delay, 0.1), 5.0)
+                logger.warning("could not read the job queue (%s); retrying in %.1f s",
+                               describe_store_error(error), delay)
+                self._stop.wait(delay)
+                continue
+            delay = 0.0
             if job is None:
-                self._kick.wait(1.0)
+                self._kick.wait(self.idle_poll_s)
                 continue
             self._run(job)
 
@@ -157,108 +216,165 @@ class JobRunner:
         summarizer = self.summarize.summarizer
         with self._lock:
             self._current, self._current_cancelled = job_id, False
+        self.on_change()
+        logger.info("job %s: run %d, %d of %d examples done", job_id, job["runs"], job["done"], job["total"])
         try:
             if job["model"] != summarizer.name:
-                self._fail(job_id, f"the job was submitted for model {job['model']!r} but the server now "
-                                   f"runs {summarizer.name!r}; submit it again")
+                self._store(self.store.fail, job_id, f"the job was submitted for model {job['model']!r} but the "
+                            f"server now runs {summarizer.name!r}; submit it again", self.owner)
                 return
-            records = self.store.records(job_id)
-            done = self.store.done_ids(job_id)
-            todo = [(i, record) for i, record in enumerate(records) if record.id not in done]
-            logger.info("job %s: run %d, %d of %d examples to do", job_id, job["runs"], len(todo), len(records))
-            if self._process(job, GenerationSpec.from_dict(job["generation"]), todo):
-                rows = self.store.rows(job_id)
-                metrics = compute_metrics(rows, records, summarizer=summarizer, generation=job["generation"])
-                self.store.finish(job_id, metrics)
-                logger.info("job %s succeeded", job_id)
+            spec = GenerationSpec.from_dict(job["generation"])
+            if self._process(job, spec):
+                self._conclude(job_id, job["generation"])
         except _Interrupted:
-            logger.info("job %s interrupted (cancelled or stopping)", job_id)
-        except Exception as error:  # noqa: BLE001 - a broken job is failed, the runner goes on
+            self._interrupted(job_id)
+        except _StoreDown as down:
+            self._store_down(job_id, str(down))
+        except Exception:  # noqa: BLE001 - a broken job is failed, the runner goes on
             logger.exception("job %s failed", job_id)
-            self._fail(job_id, f"internal error: {type(error).__name__}: {error}")
+            self._fail_once(job_id, f"internal error while running the job; the server log has the details "
+                                    f"(job {job_id})")
         finally:
             with self._lock:
                 self._current = None
-
-    def _fail(self, job_id: str, reason: str) -> None:
-        try:
-            self.store.fail(job_id, reason)
-        except Exception:  # noqa: BLE001 - the job stays "running" and is retried on the next start
-            logger.exception("could not mark job %s failed (%s)", job_id, reason)
-
-    def _process(self, job: dict, spec: GenerationSpec, todo: list[tuple[int, Record]]) -> bool:
-        """Run and store every batch; True when all are stored, False when the job was failed."""
-        pending = deque(self._plan(spec, todo))
-        self._live = (time.perf_counter(), 0)
-        try:
-            return self._drain(job, spec, pending)
-        finally:
             self._live = None
+            self.on_change()
 
-    def _drain(self, job: dict, spec: GenerationSpec, pending: deque[list[_Entry]]) -> bool:
-        """Work through `pending` batches (splitting failed ones); see `_process`."""
-        job_id = job["id"]
-        streak, last_error = 0, ""
-        started = mark = time.perf_counter()
-        done_in_run = 0
+    def _interrupted(self, job_id: str) -> None:
+        if self._is_cancelled():
+            logger.info("job %s stopped (cancelled, or no longer ours)", job_id)
+            return
+        try:
+            self.store.release(job_id, self.owner)
+            logger.info("job %s handed back to the queue (the service is stopping)", job_id)
+        except sqlite3.Error as error:
+            logger.warning("could not hand job %s back (%s); it is taken up again once its lease runs out",
+                           job_id, describe_store_error(error))
+
+    def _store_down(self, job_id: str, reason: str) -> None:
+        message = (f"{reason} for more than {self.config.store_retry_s:g} s while the job ran; "
+                   "submit it again once the database works")
+        if self._fail_once(job_id, message):
+            return
+        logger.error("job %s: %s; it stays claimed and resumes when the database works again", job_id, reason)
+
+    def _fail_once(self, job_id: str, reason: str) -> bool:
+        """One attempt to mark the job failed; False when the store refuses."""
+        try:
+            return self.store.fail(job_id, reason, self.owner)
+        except sqlite3.Error:
+            logger.exception("could not mark job %s failed (%s)", job_id, reason)
+            return False
+
+    # ---- windows and batches -----------------------------------------------------------
+
+    def _process(self, job: dict, spec: GenerationSpec) -> bool:
+        """Run and store every pending record, a window at a time; True when all are stored,
+        False when the job was failed."""
+        self._live = (time.perf_counter(), 0)
+        run = _Run(job["id"], job["runs"])
+        after = -1
+        while True:
+            self._check()
+            window = self._store(self.store.pending, run.job_id, after, self.config.window_records,
+                                 self.config.window_chars)
+            if not window:
+                return True
+            after = window[-1].position
+            if not self._window(run, spec, window):
+                return False
+
+    def _window(self, run: _Run, spec: GenerationSpec, window: list[StoredRecord]) -> bool:
+        """Tokenize and plan one window, then run its batches (see `_drain`)."""
+        refused = [stored for stored in window if stored.error is not None]
+        entries, unencodable = self._encode([stored for stored in window if stored.error is None])
+        rows = [_error_row(stored, stored.error, None) for stored in refused]
+        rows += [_error_row(stored, reason, None) for stored, reason in unencodable]
+        if rows:
+            positions = [stored.position for stored in refused] + [stored.position for stored, _ in unencodable]
+            self._write(run, BatchWrite(rows=rows, positions=positions, run=run.number, model_call=False))
+        if not entries:
+            return True
+        plan = self._encoder.plan([entry.encoded for entry in entries], spec.num_beams)
+        return self._drain(run, spec, deque([[entries[k] for k in positions] for positions in plan]))
+
+    def _encode(self, stored: list[StoredRecord]) -> tuple[list[_Entry], list[tuple[StoredRecord, str]]]:
+        """Token ids of each record; a text the tokenizer refuses is set apart with the reason."""
+        if not stored:
+            return [], []
+        try:
+            encoded = self._encoder.encode([s.record.text for s in stored])
+            return [_Entry(s.position, s, e) for s, e in zip(stored, encoded)], []
+        except InvalidRequest:
+            pass
+        entries, refused = [], []
+        for s in stored:
+            try:
+                entries.append(_Entry(s.position, s, self._encoder.encode([s.record.text])[0]))
+            except InvalidRequest as error:
+                refused.append((s, error.message))
+        return entries, refused
+
+    def _drain(self, run: _Run, spec: GenerationSpec, pending: deque[list[_Entry]]) -> bool:
+        """Work through `pending` batches, splitting a failed one into single records; False
+        when `MAX_FAILURE_STREAK` model failures in a row failed the job."""
         while pending:
             self._check()
             batch = pending.popleft()
             try:
-                write = self._execute(job, spec, batch)
+                write = self._execute(run, spec, batch)
             except (_Interrupted, concurrent.futures.CancelledError):
                 raise _Interrupted from None
             except Exception as error:  # noqa: BLE001 - isolate the record at fault
                 if len(batch) > 1:
                     logger.warning("job %s: batch of %d failed (%s); retrying its records one by one",
-                                   job_id, len(batch), error)
+                                   run.job_id, len(batch), error)
                     pending.extendleft([entry] for entry in reversed(batch))
                     continue
-                write = _error_write(job, batch[0], f"{type(error).__name__}: {error}")
-            now = time.perf_counter()
-            write.active_s, mark = now - mark, now
-            if not self.store.write_batch(job_id, write):
-                raise _Interrupted
-            done_in_run += len(write.rows)
-            self._live = (started, done_in_run)
+                logger.warning("job %s: example %r failed alone", run.job_id, batch[0].stored.record.id,
+                               exc_info=True)
+                reason = error.message if isinstance(error, InvalidRequest) else (
+                    "the model failed on this example (internal error; the server log has the details)")
+                row = _error_row(batch[0].stored, reason, batch[0].encoded)
+                write = BatchWrite(rows=[row], positions=[batch[0].position], run=run.number)
+            self._write(run, write)
             for row in write.rows:
                 if row["error"] is None:
-                    streak = 0
+                    run.streak = 0
                 else:
-                    streak, last_error = streak + 1, row["error"]
-            if streak >= MAX_FAILURE_STREAK:
-                self.store.fail(job_id, f"{streak} examples in a row failed; the last one: {last_error}")
+                    run.streak, run.last_error = run.streak + 1, row["error"]
+            if run.streak >= MAX_FAILURE_STREAK:
+                self._store(self.store.fail, run.job_id, f"{run.streak} examples in a row failed on the model; "
+                            f"the last one: {run.last_error}", self.owner)
                 return False
         return True
 
-    def _plan(self, spec: GenerationSpec, todo: list[tuple[int, Record]]) -> list[list[_Entry]]:
-        """Length-sorted batches under the token budget, as the evaluate command plans them."""
-        if not todo:
-            return []
-        encoded = self._encoder.encode([record.text for _, record in todo])
-        plan = self._encoder.plan(encoded, spec.num_beams)
-        return [[_Entry(todo[k][0], todo[k][1], encoded[k]) for k in positions] for positions in plan]
+    def _write(self, run: _Run, write: BatchWrite) -> None:
+        now = time.perf_counter()
+        write.active_s, run.mark = now - run.mark, now
+        if not self._store(self.store.write_batch, run.job_id, self.owner, write):
+            raise _Interrupted
+        run.done += len(write.rows)
+        self._live = (run.started, run.done)
 
-    def _execute(self, job: dict, spec: GenerationSpec, batch: list[_Entry]) -> BatchWrite:
+    def _execute(self, run: _Run, spec: GenerationSpec, batch: list[_Entry]) -> BatchWrite:
         """One batch through the worker, as prediction rows."""
-        references = [entry.record.reference for entry in batch]
+        records = [entry.stored.record for entry in batch]
+        references = [record.reference for record in records]
         item = WorkItem(
-            texts=[entry.record.text for entry in batch],
+            texts=[record.text for record in records],
             generation=spec,
             longest=max(len(entry.encoded.ids) for entry in batch),
             references=references if any(ref is not None for ref in references) else None,
             encoded=[entry.encoded for entry in batch],
             kind=Kind.JOB,
         )
-        done = self._submit_and_wait(item)
-        result = done.result
+        result = self._submit_and_wait(item).result
         peak = result.memory["peak_bytes"]
-        rows = [
-            prediction_row(entry.record, summary, details, peak)
-            for entry, summary, details in zip(batch, result.summaries, result.items)
-        ]
-        return BatchWrite(rows=rows, positions=[entry.position for entry in batch], run=job["runs"],
-                          peak_bytes=peak, seconds=result.timing["total"], queue_s=item.queue_seconds, active_s=0.0)
+        rows = [prediction_row(record, summary, details, peak)
+                for record, summary, details in zip(records, result.summaries, result.items)]
+        return BatchWrite(rows=rows, positions=[entry.position for entry in batch], run=run.number,
+                          peak_bytes=peak, seconds=result.timing["total"], queue_s=item.queue_seconds)
 
     def _submit_and_wait(self, item: WorkItem) -> ItemResult:
         worker = self.summarize.worker
@@ -284,6 +400,50 @@ class JobRunner:
                 raise _Interrupted
         return item.future.result()
 
+    # ---- the end of a job ----------------------------------------------------------------
+
+    def _conclude(self, job_id: str, generation: dict) -> None:
+        """Every record has a row: ``failed`` when all failed, else ``succeeded`` with the metrics."""
+        job = self._store(self.store.get, job_id)
+        if job["done"] != job["total"]:
+            raise RuntimeError(f"job {job_id} has {job['done']} rows for {job['total']} records")
+        if job["failed"] == job["total"]:
+            firsts = self._store(self.store.first_failures, job_id, FIRST_REASONS)
+            reasons = "; ".join(f"{example_id!r}: {error}" for example_id, error in firsts)
+            self._store(self.store.fail, job_id, f"all {job['total']} examples failed; the first: {reasons}",
+                        self.owner)
+            logger.info("job %s failed: every example failed", job_id)
+            return
+        summarizer = self.summarize.summarizer
+        metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), summarizer=summarizer,
+                                                        generation=generation))
+        if self._store(self.store.finish, job_id, self.owner, metrics):
+            logger.info("job %s succeeded (%d of %d examples failed)", job_id, job["failed"], job["total"])
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _store(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)`, retried with backoff while the store fails, for up to `store_retry_s`.
+
+        Raises `_StoreDown` when it still fails then, `_Interrupted` when stopping meanwhile.
+        A constraint violation is a bug, not a fault: it is raised at once.
+        """
+        deadline = time.monotonic() + self.config.store_retry_s
+        delay = 0.05
+        while True:
+            try:
+                return call(*args)
+            except sqlite3.IntegrityError:
+                raise
+            except sqlite3.Error as error:
+                reason = describe_store_error(error)
+                if time.monotonic() + delay > deadline:
+                    raise _StoreDown(reason) from error
+                logger.warning("job store error (%s); retrying in %.2f s", reason, delay)
+                if self._stop.wait(delay):
+                    raise _Interrupted from error
+                delay = min(2 * delay, 2.0)
+
     def _is_cancelled(self) -> bool:
         with self._lock:
             return self._current_cancelled
@@ -293,13 +453,25 @@ class JobRunner:
             raise _Interrupted
 
 
-def _error_write(job: dict, entry: _Entry, reason: str) -> BatchWrite:
-    """The row of a record that failed alone: no summary, the reason, left out of ROUGE."""
-    row = {
-        "id": entry.record.id, "prediction": "", "reference": entry.record.reference, "rouge": None,
-        "error": reason, "input_tokens": len(entry.encoded.ids), "output_tokens": 0,
-        "truncated": entry.encoded.truncated, "padding_computed": 0, "padding_avoided": 0,
+@dataclass
+class _Run:
+    """Bookkeeping of one run of a job: its number, progress, timing marks, failure streak."""
+
+    job_id: str
+    number: int
+    done: int = 0
+    streak: int = 0
+    last_error: str = ""
+
+    def __post_init__(self) -> None:
+        self.started = self.mark = time.perf_counter()
+
+
+def _error_row(stored: StoredRecord, reason: str, encoded: Encoded | None) -> dict:
+    """The row of a record that has no summary: the reason, left out of ROUGE."""
+    return {
+        "id": stored.record.id, "prediction": "", "reference": stored.record.reference, "rouge": None,
+        "error": reason, "input_tokens": len(encoded.ids) if encoded else 0, "output_tokens": 0,
+        "truncated": encoded.truncated if encoded else False, "padding_computed": 0, "padding_avoided": 0,
         "seconds": 0.0, "batch_peak_bytes": 0,
     }
-    return BatchWrite(rows=[row], positions=[entry.position], run=job["runs"], peak_bytes=0, seconds=0.0,
-                      queue_s=0.0, active_s=0.0)

@@ -20,13 +20,19 @@ DEFAULT_COLUMNS = {
 
 
 class DatasetSpec(BaseModel):
-    """Exactly one source: ``{"hub", "config", "split"}``, ``{"file"}`` or ``{"records"}``."""
+    """Exactly one source: ``{"hub", "config", "split"}``, ``{"file"}`` or ``{"records"}``.
 
-    model_config = ConfigDict(extra="forbid")
+    Types are strict (a number is not a string). Which hub ids and files are allowed is the
+    service's call (`app.jobs.sources`, `app.jobs.paths`), made before anything is read.
+    """
 
-    hub: str | None = Field(None, min_length=1, description="Hugging Face dataset, e.g. abisee/cnn_dailymail.")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    hub: str | None = Field(
+        None, min_length=1, description="Hub dataset id 'owner/name' on BART_OPT_HUB_DATASETS, e.g. abisee/cnn_dailymail."
+    )
     config: str | None = Field(None, description="Hub dataset configuration, e.g. 3.0.0.")
-    split: str = Field("test", min_length=1, description="Hub dataset split.")
+    split: str = Field("test", min_length=1, description="Hub dataset split (a name; `limit` takes the first N).")
     file: str | None = Field(None, description="JSONL / JSON / CSV / Parquet file, relative to BART_OPT_DATA_DIR.")
     records: list[dict[str, Any]] | None = Field(None, min_length=1, description="Inline records.")
 
@@ -59,15 +65,18 @@ class EvaluateRequest(BaseModel):
     Column names default per source (``article`` / ``highlights`` / ``id`` for hub and
     files; ``text`` / ``reference`` / ``id`` for inline records). ``summary_column: null``
     evaluates without references (no ROUGE). A missing id column numbers the records.
+    Types are strict: ``"5"`` or ``5.0`` is not a `limit`.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     dataset: DatasetSpec
     text_column: str | None = Field(None, min_length=1)
     summary_column: str | None = Field(None, min_length=1)
     id_column: str | None = Field(None, min_length=1)
-    limit: int | None = Field(None, ge=1, description="Evaluate only the first N records.")
+    limit: int | None = Field(
+        None, ge=1, description="Evaluate only the first N records (at most BART_OPT_MAX_JOB_RECORDS)."
+    )
     generation: GenerationOptions | None = Field(None, description="Overrides of the generation defaults.")
 
     def columns(self) -> dict:

@@ -1,11 +1,19 @@
 """`JobService`: what the ``/evaluate`` routes call. Validation, the store, the runner, the job view.
 
 Submitting checks everything it can before answering, so a bad request is a 4xx and never a
-failed job: the generation options (as ``/summarize`` checks them), the dataset path (inside
-``BART_OPT_DATA_DIR``, see `app.jobs.paths`), and the records themselves, which are loaded,
-checked (columns, ids, texts) and copied into the store. The job then waits for the runner.
+failed job: the generation options (as ``/summarize`` checks them), the dataset source (a
+file inside ``BART_OPT_DATA_DIR``, see `app.jobs.paths`; a hub id on the allowlist, see
+`app.jobs.sources`), and the records themselves, which stream from the source into the store
+(`app.jobs.intake`). Loading runs on small pools of its own (one for hub datasets, one for
+files and inline records), never on the threads that ``/summarize`` uses; a full pool answers
+429. The job then waits for a runner: this process's or, on a shared database, another's.
 
-Its methods block (SQLite, file and dataset reads); the routes call them off the event loop.
+A background upkeep thread opens the store (again and again while it cannot, so the job
+routes come back without a restart), renews the running job's lease, caches the job counts
+for ``/metrics`` (a scrape runs no SQL) and removes submissions whose loader died.
+
+Errors: a database failure is a 503 saying what is wrong with it (read-only, full, busy)
+and never a path; a file's OS error is a 422 naming the file as the client gave it.
 """
 
 from __future__ import annotations
@@ -13,21 +21,29 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
+import socket
 import sqlite3
+import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from app.errors import ApiError
-from app.jobs.paths import DataFileMissing, PathRefused, resolve_data_file
-from app.jobs.runner import JobRunner
+from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, PoolBusy
+from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, unreadable
+from app.jobs.runner import JobRunner, RunnerConfig
+from app.jobs.schema import SchemaTooNew
 from app.jobs.schemas import EvaluateRequest
-from app.jobs.store import ACTIVE, STATUSES, JobStore, NewJob
+from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
+from app.jobs.store import ACTIVE, ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics
 from app.settings import Settings
-from bart_opt.data import MissingColumnError, Record, load_records
+from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
+from bart_opt.readers import TooLarge
 
 if TYPE_CHECKING:
     from app.service import SummarizeService
@@ -35,20 +51,41 @@ if TYPE_CHECKING:
 logger = logging.getLogger("app.jobs")
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+_UPKEEP_S = 1.0
+_STALE_EVERY = 30  # upkeep ticks between looks for submissions whose loader died
+_RETRY_AFTER = {"Retry-After": "5"}
 
 
 class JobService:
-    """Evaluation jobs on top of the summarize service's model and device worker."""
+    """Evaluation jobs on top of the summarize service's model and device worker.
 
-    def __init__(self, settings: Settings, metrics: Metrics, summarize: SummarizeService) -> None:
+    `store` replaces the store built from ``settings.db`` (tests inject faults through it).
+    """
+
+    def __init__(self, settings: Settings, metrics: Metrics, summarize: SummarizeService, *,
+                 store: JobStore | None = None) -> None:
         self.settings = settings
         self.summarize = summarize
-        self.store = JobStore(settings.db)
-        self.runner = JobRunner(self.store, summarize)
-        self._started = False
-        self.unavailable: str | None = None  # why the job routes answer 503, when the database cannot be opened
-        metrics.gauge("jobs_running", "Evaluation jobs running now.").set_function(lambda: self._count("running"))
-        metrics.gauge("jobs_queued", "Evaluation jobs waiting to run.").set_function(lambda: self._count("queued"))
+        self.store = store or JobStore(settings.db)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._store_ready = threading.Event()
+        config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
+                              window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s)
+        self.runner = JobRunner(self.store, summarize, config, self.owner, self._store_ready)
+        limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
+        self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)
+        self._hub_allowed = parse_allowlist(settings.hub_datasets)
+        workers = settings.dataset_loaders
+        self._pools = {"hub": BoundedPool("bart-opt-hub", workers, workers),
+                       "local": BoundedPool("bart-opt-load", workers, workers)}
+        self.unavailable: str | None = "the jobs database is being opened"  # why job routes answer 503
+        self._counts = dict.fromkeys(STATUSES, 0)  # cached for /metrics, refreshed by the upkeep thread
+        self._stop = threading.Event()
+        self._changed = threading.Event()  # a job changed state here: refresh the cached counts now
+        self.runner.on_change = self._changed.set
+        self._upkeep = threading.Thread(target=self._upkeep_loop, name="bart-opt-jobs-upkeep", daemon=True)
+        metrics.gauge("jobs_running", "Evaluation jobs running now.").set_function(lambda: self._counts["running"])
+        metrics.gauge("jobs_queued", "Evaluation jobs waiting to run.").set_function(lambda: self._counts["queued"])
         metrics.gauge(
             "job_examples_per_second", "Examples per second of the running evaluation job (0 when none)."
         ).set_function(self.runner.rate)
@@ -56,91 +93,220 @@ class JobService:
     # ---- life cycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Open the store, requeue the jobs a stopped or killed process left running, start the runner.
-
-        A database that cannot be opened disables the job routes (503 with the reason) but not
-        the rest of the service.
-        """
-        try:
-            self.store.initialize()
-            resumed = self.store.requeue_interrupted()
-        except (sqlite3.Error, OSError) as error:
-            self.unavailable = f"the jobs database {str(self.store.path)!r} (BART_OPT_DB) cannot be opened: {error}"
-            logger.error("evaluation jobs disabled: %s", self.unavailable)
-            return
-        if resumed:
-            logger.info("resuming %d interrupted job(s): %s", len(resumed), ", ".join(resumed))
+        """Open the store (or keep trying in the background), start the runner and the upkeep thread."""
+        self._open_store()
         self.runner.start()
-        self._started = True
+        self._upkeep.start()
 
     def stop(self) -> None:
-        """Stop the runner after the batch on the device is written (blocks; run it off the event loop)."""
+        """Stop loading and running (the batch on the device is written, the job handed back; blocks)."""
+        self._stop.set()
+        self._changed.set()
+        for pool in self._pools.values():
+            pool.shutdown()
         self.runner.stop(timeout=self.settings.shutdown_timeout)
+        self._upkeep.join(timeout=5)
 
-    def _count(self, status: str) -> int:
-        return self.store.counts()[status] if self._started else 0
+    def _open_store(self) -> bool:
+        try:
+            self.store.initialize()
+        except (sqlite3.Error, OSError, SchemaTooNew) as error:
+            reason = str(error) if isinstance(error, SchemaTooNew) else (
+                describe_store_error(error) if isinstance(error, sqlite3.Error) else
+                "the jobs database (BART_OPT_DB) cannot be opened (its folder cannot be created)")
+            if reason != self.unavailable:
+                logger.error("evaluation jobs unavailable: %s (%s: %s)", reason, self.store.path, error)
+            self.unavailable = reason
+            return False
+        if self.unavailable is not None:
+            logger.info("jobs database %s open; evaluation jobs available", self.store.path)
+        self.unavailable = None
+        self._store_ready.set()
+        return True
+
+    def _upkeep_loop(self) -> None:
+        tick = 0
+        while not self._stop.is_set():
+            self._changed.wait(_UPKEEP_S)
+            self._changed.clear()
+            if self._stop.is_set():
+                return
+            if not self._store_ready.is_set() and not self._open_store():
+                continue
+            self.runner.heartbeat()
+            try:
+                self._counts = self.store.counts()
+                tick += 1
+                if tick % _STALE_EVERY == 0:
+                    for job_id in self.store.discard_stale():
+                        logger.warning("removed job %s: its loader stopped before its records were all in", job_id)
+            except sqlite3.Error as error:
+                logger.warning("jobs upkeep: %s", describe_store_error(error))
 
     def _check_available(self) -> None:
         if self.unavailable is not None:
-            raise ApiError(503, "jobs_unavailable", self.unavailable)
+            raise ApiError(503, "jobs_unavailable", f"evaluation jobs are unavailable: {self.unavailable}",
+                           headers=_RETRY_AFTER)
+
+    @contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """A database failure during a route's work becomes a 503 that says what is wrong."""
+        try:
+            yield
+        except sqlite3.Error as error:
+            logger.warning("jobs database error: %s", error)
+            raise ApiError(503, "jobs_store_unavailable", f"{describe_store_error(error)}; retry later",
+                           headers=_RETRY_AFTER) from error
 
     # ---- the routes' operations -------------------------------------------------------------
 
-    def submit(self, body: EvaluateRequest, idempotency_key: str | None) -> tuple[dict, bool]:
+    async def submit(self, body: EvaluateRequest, idempotency_key: str | None) -> tuple[dict, bool]:
         """Create a queued job; returns ``(view, True)``, or ``(existing view, False)`` for a known key.
 
-        Raises ApiError: 503 before the model is loaded, 409 for a key used with another body,
-        422 for bad generation options, a refused or missing file, a missing column, bad records.
+        Raises ApiError: 503 before the model is loaded or while the store cannot be written,
+        409 for a key used with another body (or still being loaded), 422 for bad options, a
+        refused, missing or unreadable source, a missing column, bad records; 429 when the
+        loading pool is full; 502 when a hub dataset cannot be read.
         """
         self._check_available()
         self.summarize.check_ready()
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
             raise ApiError(422, "invalid_request", "Idempotency-Key: must be 1 to 255 visible ASCII characters",
                            field="Idempotency-Key")
-        request_hash = _hash(body)
-        if idempotency_key is not None:
-            existing = self.store.find_by_key(idempotency_key)
-            if existing is not None:
-                return self._replay(existing, idempotency_key, request_hash), False
-        summarizer = self.summarize.summarizer
-        generation = self.summarize.generation_spec(body.generation)
-        records = self._records(body)
-        new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=summarizer.name,
-                     dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
-                     generation=generation.to_dict(), idempotency_key=idempotency_key)
-        job, created = self.store.create(new, records)
-        if not created:
-            return self._replay(job, idempotency_key, request_hash), False
-        logger.info("job %s queued: %d examples", job["id"], job["total"])
+        if body.limit is not None and body.limit > self.settings.max_job_records:
+            raise ApiError(422, "invalid_request", f"limit: at most {self.settings.max_job_records:,} records per "
+                           "job (BART_OPT_MAX_JOB_RECORDS)", field="limit")
+        spec = body.dataset
+        if spec.source == "hub":
+            try:
+                check_hub_source(spec.hub, spec.config, spec.split, self._hub_allowed)
+            except SourceRefused as error:
+                raise ApiError(422, "dataset_not_allowed", f"{error.field}: {error.message}",
+                               field=error.field) from None
+        pool = self._pools["hub" if spec.source == "hub" else "local"]
+        try:
+            return await pool.run(self._submit, body, idempotency_key)
+        except PoolBusy:
+            kind = "hub datasets" if spec.source == "hub" else "datasets"
+            raise ApiError(429, "loaders_busy", f"the server is loading as many {kind} as it may at once "
+                           "(BART_OPT_DATASET_LOADERS); retry shortly", headers=_RETRY_AFTER) from None
+
+    def _submit(self, body: EvaluateRequest, idempotency_key: str | None) -> tuple[dict, bool]:
+        """The blocking part of `submit`, on a loading pool's thread."""
+        with self._store_errors():
+            request_hash = _hash(body)
+            if idempotency_key is not None:
+                existing = self.store.find_by_key(idempotency_key)
+                if existing is not None:
+                    return self._replay(existing, idempotency_key, request_hash), False
+            summarizer = self.summarize.summarizer
+            generation = self.summarize.generation_spec(body.generation)
+            new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=summarizer.name,
+                         dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
+                         generation=generation.to_dict(), idempotency_key=idempotency_key)
+            with self._dataset_errors(body) as where:
+                records = self._open(body)
+                try:
+                    job, created = self.intake.load(new, records)
+                finally:
+                    records.close()
+            if not created:
+                return self._replay(job, idempotency_key, request_hash), False
+            logger.debug("job %s from %s", job["id"], where)
         self.runner.wake()
+        self._changed.set()
         return self.view(job), True
+
+    def _open(self, body: EvaluateRequest) -> RecordStream:
+        """The body's records as a stream (nothing is opened for a refused path)."""
+        spec, columns = body.dataset, body.columns()
+        options = {"text_column": columns["text"], "summary_column": columns["summary"],
+                   "id_column": columns["id"], "limit": body.limit}
+        if spec.source == "file":
+            path = resolve_data_file(self.settings.data_dir, spec.file)
+            return iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+        if spec.source == "records":
+            return iter_records(records=spec.records, **options)
+        return iter_records(hub=spec.hub, config=spec.config, split=spec.split, **options)
+
+    @contextmanager
+    def _dataset_errors(self, body: EvaluateRequest) -> Iterator[str]:
+        """Map what opening and copying the dataset raises to 4xx/5xx answers that name the source."""
+        spec = body.dataset
+        where = f"dataset.{spec.source}"
+        try:
+            yield where
+        except (sqlite3.Error, ApiError):
+            raise
+        except PathRefused as error:
+            raise ApiError(422, "path_not_allowed", f"{where}: {error}", field=where) from error
+        except MissingColumnError as error:
+            raise ApiError(422, "missing_column", str(error), field=f"{error.role}_column") from error
+        except FileNotFoundError as error:
+            if not isinstance(error, DataFileMissing) and error.errno is not None:
+                raise ApiError(422, "dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
+                               field=where) from None  # deleted since it was looked up: the OS names the path
+            raise ApiError(422, "dataset_not_found", f"{where}: {error}", field=where) from error
+        except HubUnavailable as error:
+            logger.warning("could not load hub dataset %r: %s", spec.hub, error)
+            raise ApiError(502, "dataset_unavailable", f"{where}: {_hub_problem(spec.hub, error)}",
+                           field=where) from None
+        except DataFileUnreadable as error:
+            raise ApiError(422, "dataset_unreadable", f"{where}: {error}", field=where) from error
+        except OSError as error:
+            logger.warning("could not read dataset file %r: %s", spec.file, error)
+            raise ApiError(422, "dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
+                           field=where) from None
+        except TooLarge as error:
+            raise ApiError(422, "invalid_dataset", f"{where}: {error} (BART_OPT_MAX_LINE_BYTES)",
+                           field=where) from error
+        except ValueError as error:
+            raise ApiError(422, "invalid_dataset", f"{where}: {error}", field=where) from error
+        except LoadAbandoned as error:
+            logger.error("%s", error)
+            raise ApiError(503, "jobs_store_unavailable", "the submission could not be stored in time; retry",
+                           headers=_RETRY_AFTER) from error
 
     def get(self, job_id: str) -> dict:
         """The job's detail view (with per-batch memory); 404 when unknown."""
-        return self.view(self._job(job_id), detail=True)
+        with self._store_errors():
+            return self.view(self._job(job_id), detail=True)
 
     def list(self, status: str | None = None, limit: int = 100) -> dict:
         """Jobs, newest first, optionally only one status."""
         self._check_available()
         if status is not None and status not in STATUSES:
             raise ApiError(422, "invalid_request", f"status: must be one of {', '.join(STATUSES)}", field="status")
-        return {"jobs": [self.view(job) for job in self.store.list(status, limit)]}
+        with self._store_errors():
+            return {"jobs": [self.view(job) for job in self.store.list(status, limit)]}
 
     def cancel(self, job_id: str) -> dict:
-        """Cancel a queued or running job (its stored predictions stay); 409 when it already ended."""
-        job = self._job(job_id)
-        if job["status"] in ACTIVE and self.store.cancel(job_id):
-            self.runner.cancel(job_id)
-            logger.info("job %s cancelled", job_id)
-            job = self._job(job_id)
-        if job["status"] != "cancelled":
-            raise ApiError(409, "job_finished", f"job {job_id} already {job['status']}; there is nothing to cancel")
-        return self.view(job, detail=True)
+        """Cancel a queued or running job (its stored predictions stay); 409 when it already ended.
 
-    def prediction_lines(self, job_id: str) -> Iterator[str]:
-        """The job's predictions so far as JSON lines, in record order; 404 when unknown."""
-        self._job(job_id)
-        return self.store.prediction_lines(job_id)
+        A job running in another process stops there when its next write or lease renewal is refused.
+        """
+        with self._store_errors():
+            job = self._job(job_id)
+            if job["status"] in ACTIVE and self.store.cancel(job_id):
+                self.runner.cancel(job_id)
+                self._changed.set()
+                logger.info("job %s cancelled", job_id)
+                job = self._job(job_id)
+            if job["status"] != "cancelled":
+                raise ApiError(409, "job_finished", f"job {job_id} already {job['status']}; there is nothing to cancel")
+            return self.view(job, detail=True)
+
+    def prediction_lines(self, job_id: str, errors: str = "include") -> Iterator[str]:
+        """The job's predictions so far as JSON lines, in record order; 404 when unknown.
+
+        `errors`: ``include`` (every row), ``only`` (failed examples, with their reasons), ``exclude``.
+        """
+        if errors not in ERROR_FILTERS:
+            raise ApiError(422, "invalid_request", f"errors: must be one of {', '.join(ERROR_FILTERS)}",
+                           field="errors")
+        with self._store_errors():
+            self._job(job_id)
+        return self.store.prediction_lines(job_id, errors)
 
     def prediction_rows(self, job_id: str) -> list[dict]:
         """The job's prediction rows stored so far, in record order; 404 when unknown."""
@@ -148,8 +314,9 @@ class JobService:
 
     def example(self, job_id: str, example_id: str) -> dict:
         """One example: its text and reference, and its prediction row (None until it is done); 404 when unknown."""
-        self._job(job_id)
-        record, row = self.store.example(job_id, example_id)
+        with self._store_errors():
+            self._job(job_id)
+            record, row = self.store.example(job_id, example_id)
         if record is None:
             raise ApiError(404, "example_not_found", f"job {job_id} has no example {example_id!r}")
         return {"id": record.id, "text": record.text, "reference": record.reference, "prediction": row}
@@ -159,7 +326,7 @@ class JobService:
     def _job(self, job_id: str) -> dict:
         self._check_available()
         job = self.store.get(job_id)
-        if job is None:
+        if job is None or job["status"] == "loading":
             raise ApiError(404, "job_not_found", f"no evaluation job {job_id!r}")
         return job
 
@@ -168,34 +335,11 @@ class JobService:
             raise ApiError(409, "idempotency_key_reused",
                            f"Idempotency-Key {key!r} was already used for a different request (job {job['id']})",
                            field="Idempotency-Key")
+        if job["status"] == "loading":
+            raise ApiError(409, "idempotency_key_in_progress",
+                           f"a request with Idempotency-Key {key!r} is still loading its dataset; retry shortly",
+                           field="Idempotency-Key", headers={"Retry-After": "1"})
         return self.view(job)
-
-    def _records(self, body: EvaluateRequest) -> list[Record]:
-        """Load and check the records the body names (nothing is opened for a refused path)."""
-        spec, columns = body.dataset, body.columns()
-        options = {"text_column": columns["text"], "summary_column": columns["summary"],
-                   "id_column": columns["id"], "limit": body.limit}
-        where = f"dataset.{spec.source}"
-        try:
-            if spec.source == "file":
-                return load_records(file=resolve_data_file(self.settings.data_dir, spec.file), **options)
-            if spec.source == "records":
-                return load_records(records=spec.records, **options)
-            return load_records(hub=spec.hub, config=spec.config, split=spec.split, **options)
-        except PathRefused as error:
-            raise ApiError(422, "path_not_allowed", f"{where}: {error}", field=where) from error
-        except MissingColumnError as error:
-            raise ApiError(422, "missing_column", str(error), field=f"{error.role}_column") from error
-        except (DataFileMissing, FileNotFoundError) as error:
-            raise ApiError(422, "dataset_not_found", f"{where}: {error}", field=where) from error
-        except ValueError as error:
-            raise ApiError(422, "invalid_dataset", f"{where}: {error}", field=where) from error
-        except Exception as error:  # noqa: BLE001 - network and hub failures: tell the client, keep running
-            if spec.source != "hub":
-                raise
-            logger.warning("could not load hub dataset %r: %s", spec.hub, error)
-            message = f"could not load dataset {spec.hub!r}: {type(error).__name__}: {error}"
-            raise ApiError(502, "dataset_unavailable", message, field=where) from error
 
     def view(self, job: dict, *, detail: bool = False) -> dict:
         """The API view of a store row (`detail` adds the per-batch memory list)."""
@@ -209,6 +353,8 @@ class JobService:
         if detail:
             memory["batches"] = self.store.batches(job["id"])
         runtime = metrics.get("runtime_s", job["work_s"])
+        links = {"self": f"/evaluate/{job['id']}", "predictions": f"/evaluate/{job['id']}/predictions",
+                 "errors": f"/evaluate/{job['id']}/predictions?errors=only"}
         return {
             "id": job["id"],
             "status": job["status"],
@@ -233,14 +379,26 @@ class JobService:
             "padding": metrics.get("padding"),
             "error": job["error"],
             "runs": job["runs"],
-            "links": {"self": f"/evaluate/{job['id']}", "predictions": f"/evaluate/{job['id']}/predictions"},
+            "links": links,
         }
+
+
+def _hub_problem(hub: str, error: HubUnavailable) -> str:
+    """What went wrong loading a hub dataset, in words a client may see (the details are logged)."""
+    cause = error.__cause__
+    if type(cause).__name__ in ("DatasetNotFoundError", "RepositoryNotFoundError"):
+        return f"no dataset {hub!r} on the hub (or it is private)"
+    if isinstance(cause, (ConnectionError, TimeoutError, OSError)) or "offline" in str(cause).lower():
+        return f"could not reach the hub to load {hub!r}; retry later"
+    if isinstance(cause, ValueError):
+        return f"could not load {hub!r} with this config and split; check their names"
+    return f"could not load {hub!r} from the hub; the server log has the reason"
 
 
 def _hash(body: EvaluateRequest) -> str:
     """A digest of the request as the client meant it (for Idempotency-Key replays)."""
     canonical = json.dumps(body.model_dump(mode="json", exclude_unset=True), sort_keys=True, ensure_ascii=False)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _iso(timestamp: float | None) -> str | None:

@@ -1,27 +1,41 @@
 """SQLite persistence of evaluation jobs: the job, its records, its predictions and its batches.
 
-One file (``BART_OPT_DB``), four tables:
+One file (``BART_OPT_DB``) shared by every service process that points at it. The tables (see
+`app.jobs.schema`, which versions and migrates them):
 
 - ``jobs``: one row per job: status, model, dataset, columns, effective generation settings,
-  counters (``done``, ``failed``, ``total``), the idempotency key, run bookkeeping and, once
-  finished, the final metrics (JSON).
+  counters (``done``, ``failed``, ``total``, ``peak_bytes``), the idempotency key, run
+  bookkeeping, the lease (``owner``, ``lease_until``) and, once finished, the final metrics.
 - ``records``: the job's input records, copied at submission so that a resume reads exactly
-  what was submitted (a file edited or a hub dataset updated later changes nothing).
-- ``predictions``: one row per example, primary key ``(job_id, example_id)``: an example can
-  be written at most once, and a resume skips the ids already there, so each is written exactly once.
-- ``batches``: one row per finished batch (size, memory peak, seconds).
+  what was submitted; ``error`` marks a record that cannot run (it gets an error row, no model call).
+- ``predictions``: one row per example, primary key ``(job_id, example_id)``.
+- ``batches``: one row per finished model batch (size, memory peak, seconds).
+- ``job_counts``: jobs per status, kept by triggers.
 
-Each finished batch is one transaction (``write_batch``): its predictions, its batch row and
-the job's counters commit together or not at all, and only while the job is still
-``running``, so a cancelled job never gains rows. The database runs in WAL mode with
-``synchronous=FULL``: a committed batch survives a kill -9 (and a power cut). Every method opens
-its own short-lived connection, so the store is safe to use from any thread.
+**Submitting streams.** `begin` inserts the job as ``loading`` (owned by the submitting process,
+with a lease), `add_records` appends a chunk of records per transaction, `seal` makes it
+``queued``; `discard` removes a job whose records turned out bad. A process that dies while
+loading leaves a ``loading`` job whose lease runs out; `discard_stale` removes it.
+
+**Claiming by lease.** `claim_next` gives the oldest queued job (or a running one whose lease
+expired: its owner died) to one owner, in one write transaction, so several processes never
+run the same job. The owner renews the lease while it runs (`renew`); every write of the
+runner (`write_batch`, `finish`, `fail` with an owner) checks that the job is still running
+*and still its own*, so a process that lost its lease (cancelled, or taken over after a
+stall) cannot add rows. `release` hands a job back cleanly on shutdown (not a stall).
+
+Each finished batch is one transaction (predictions, batch row, counters). The database runs
+in WAL mode with ``synchronous=FULL``: a committed batch survives a kill -9 and a power cut.
+Each thread has its own connection (opened on first use, replaced after an error that may
+have broken it). Errors are `sqlite3.Error`s; `describe_store_error` turns one into words
+a client may see.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -29,78 +43,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.jobs.schema import migrate
 from bart_opt.data import Record
 
 STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 ACTIVE = ("queued", "running")
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id TEXT PRIMARY KEY,
-    idempotency_key TEXT UNIQUE,
-    request_hash TEXT NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')),
-    model TEXT NOT NULL,
-    dataset TEXT NOT NULL,
-    columns TEXT NOT NULL,
-    record_limit INTEGER,
-    generation TEXT NOT NULL,
-    total INTEGER NOT NULL,
-    done INTEGER NOT NULL DEFAULT 0,
-    failed INTEGER NOT NULL DEFAULT 0,
-    work_s REAL NOT NULL DEFAULT 0,
-    active_s REAL NOT NULL DEFAULT 0,
-    runs INTEGER NOT NULL DEFAULT 0,
-    stalled_runs INTEGER NOT NULL DEFAULT 0,
-    done_at_start INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    error TEXT,
-    metrics TEXT
-);
-CREATE INDEX IF NOT EXISTS jobs_by_status ON jobs (status, created_at);
-CREATE TABLE IF NOT EXISTS records (
-    job_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    example_id TEXT NOT NULL,
-    text TEXT NOT NULL,
-    reference TEXT,
-    PRIMARY KEY (job_id, position)
-);
-CREATE TABLE IF NOT EXISTS predictions (
-    job_id TEXT NOT NULL,
-    example_id TEXT NOT NULL,
-    position INTEGER NOT NULL,
-    batch INTEGER NOT NULL,
-    run INTEGER NOT NULL,
-    row TEXT NOT NULL,
-    PRIMARY KEY (job_id, example_id)
-);
-CREATE INDEX IF NOT EXISTS predictions_in_order ON predictions (job_id, position);
-CREATE TABLE IF NOT EXISTS batches (
-    job_id TEXT NOT NULL,
-    batch INTEGER NOT NULL,
-    run INTEGER NOT NULL,
-    size INTEGER NOT NULL,
-    peak_bytes INTEGER NOT NULL,
-    seconds REAL NOT NULL,
-    queue_s REAL NOT NULL,
-    finished_at REAL NOT NULL,
-    PRIMARY KEY (job_id, batch)
-);
-"""
+ERROR_FILTERS = ("include", "only", "exclude")
 
 # A job restarted this many times in a row without finishing a batch is failed, not resumed again
 # (an input that crashes the process would otherwise crash every restart).
 MAX_STALLED_RUNS = 3
 
 _JSON_COLUMNS = ("dataset", "columns", "generation", "metrics")
-# A job row plus the largest memory peak of its batches.
-_SELECT_JOBS = (
-    "SELECT jobs.*, (SELECT COALESCE(MAX(peak_bytes), 0) FROM batches WHERE batches.job_id = jobs.id) AS peak_bytes"
-    " FROM jobs"
-)
+_DISCARD_CHUNK = 5000
+_ERROR_PHRASES = {
+    "SQLITE_READONLY": "is read-only",
+    "SQLITE_FULL": "is full (no space left on its disk)",
+    "SQLITE_BUSY": "is busy (locked by another writer)",
+    "SQLITE_LOCKED": "is busy (locked by another writer)",
+    "SQLITE_CANTOPEN": "cannot be opened",
+    "SQLITE_IOERR": "cannot be read or written (an I/O error)",
+    "SQLITE_CORRUPT": "is damaged",
+    "SQLITE_NOTADB": "is not a database",
+    "SQLITE_PERM": "cannot be accessed (permission denied)",
+}
+
+
+def describe_store_error(error: BaseException) -> str:
+    """A sentence about a database failure that is safe to show a client (no path, no SQL)."""
+    extended = getattr(error, "sqlite_errorname", None) or ""
+    primary = "_".join(extended.split("_")[:2])  # SQLITE_IOERR_WRITE -> SQLITE_IOERR
+    return f"the jobs database (BART_OPT_DB) {_ERROR_PHRASES.get(primary, 'cannot be used')}"
 
 
 @dataclass
@@ -117,77 +90,135 @@ class NewJob:
     idempotency_key: str | None = None
 
 
+@dataclass(frozen=True)
+class StoredRecord:
+    """One record as stored: its position in the job, the record, and why it cannot run (or None)."""
+
+    position: int
+    record: Record
+    error: str | None = None
+
+
+class DuplicateId(ValueError):
+    """A record id that the job already has."""
+
+    def __init__(self, example_id: str, first: int, again: int):
+        super().__init__(f"duplicate id {example_id!r} at rows {first} and {again}; ids must be unique")
+
+
 @dataclass
 class BatchWrite:
-    """One finished batch for `JobStore.write_batch`: its prediction rows and stats.
+    """Prediction rows to store in one transaction, with the stats of the batch they came from.
 
     ``rows`` are prediction rows as `bart_opt.evaluate` writes them (``id`` first);
-    ``positions`` the records' positions in the job; ``seconds`` the batch's device time,
-    ``queue_s`` how long it waited for the device, ``active_s`` the wall time since the
-    previous batch of this run (or its start).
+    ``positions`` the records' positions in the job. A model batch (``model_call``) also gets a
+    ``batches`` row: ``seconds`` its device time, ``queue_s`` how long it waited for the device.
+    ``active_s`` is the wall time since the previous write of this run (or its start).
     """
 
     rows: list[dict]
     positions: list[int]
     run: int
-    peak_bytes: int
-    seconds: float
-    queue_s: float
-    active_s: float
+    peak_bytes: int = 0
+    seconds: float = 0.0
+    queue_s: float = 0.0
+    active_s: float = 0.0
+    model_call: bool = True
 
 
 class JobStore:
-    """The jobs database at `path` (created with its folder on `initialize`)."""
+    """The jobs database at `path` (created with its folder on `initialize`).
 
-    def __init__(self, path: str | Path):
+    `connection_factory` is the `sqlite3.Connection` class connections are made from (tests
+    pass a subclass that injects faults); `busy_timeout` is how long a write waits for
+    another writer before failing with SQLITE_BUSY.
+    """
+
+    def __init__(self, path: str | Path, *, connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
+                 busy_timeout: float = 15.0):
         self.path = Path(path)
+        self._factory = connection_factory
+        self._busy_timeout = busy_timeout
+        self._local = threading.local()
+        self._open: set[sqlite3.Connection] = set()
+        self._open_lock = threading.Lock()
 
-    @contextmanager
-    def _connect(self, *, write: bool = False) -> Iterator[sqlite3.Connection]:
-        """A connection for one operation; `write` takes the write lock up front and commits at the end."""
-        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
-        try:
+    # ---- connections -------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                                         check_same_thread=False, factory=self._factory)
             connection.row_factory = sqlite3.Row
             connection.execute("PRAGMA synchronous=FULL")
-            if not write:
-                yield connection
-                return
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                yield connection
-            except BaseException:
-                connection.execute("ROLLBACK")
-                raise
-            connection.execute("COMMIT")
-        finally:
+            self._local.connection = connection
+            with self._open_lock:
+                self._open.add(connection)
+        return connection
+
+    def _drop(self, connection: sqlite3.Connection) -> None:
+        """Forget a connection that failed mid-transaction; the thread's next call opens a new one."""
+        self._local.connection = None
+        with self._open_lock:
+            self._open.discard(connection)
+        try:
             connection.close()
+        except sqlite3.Error:
+            pass
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        yield self._connection()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: the write lock up front, commit at the end, rollback on any error."""
+        connection = self._connection()
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            yield connection
+            connection.execute("COMMIT")
+        except BaseException:
+            try:
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                self._drop(connection)
+            raise
 
     def initialize(self) -> None:
-        """Create the folder, the tables and WAL mode (idempotent)."""
+        """Create the folder, enable WAL mode and migrate the schema to the current version."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as connection:
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.executescript(_SCHEMA)
+        connection = self._connection()
+        connection.execute("PRAGMA journal_mode=WAL")
+        migrate(connection)
 
-    # ---- creating and finding ----------------------------------------------------------
+    def close(self) -> None:
+        """Close every connection this store opened (call once no thread uses it any more)."""
+        with self._open_lock:
+            connections, self._open = self._open, set()
+        for connection in connections:
+            connection.close()
+        self._local = threading.local()
 
-    def create(self, job: NewJob, records: Sequence[Record]) -> tuple[dict, bool]:
-        """Insert a queued job with its records; returns ``(job, True)``.
+    # ---- submitting ----------------------------------------------------------------------
 
-        When `job.idempotency_key` is already taken (a concurrent twin), nothing is inserted
-        and the existing job comes back as ``(existing, False)``.
+    def begin(self, job: NewJob, owner: str, lease_s: float) -> tuple[dict, bool]:
+        """Insert `job` as ``loading``, owned by `owner`; returns ``(job, True)``.
+
+        When `job.idempotency_key` is already taken, nothing is inserted and the existing job
+        comes back as ``(existing, False)`` (possibly still ``loading``).
         """
         try:
-            with self._connect(write=True) as connection:
+            with self._write() as connection:
                 connection.execute(
                     "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, dataset, columns,"
-                    " record_limit, generation, total, created_at) VALUES (?, ?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+                    " record_limit, generation, total, created_at, owner, lease_until)"
+                    " VALUES (?, ?, ?, 'loading', ?, ?, ?, ?, ?, 0, ?, ?, ?)",
                     (job.id, job.idempotency_key, job.request_hash, job.model, _dumps(job.dataset),
-                     _dumps(job.columns), job.limit, _dumps(job.generation), len(records), time.time()),
-                )
-                connection.executemany(
-                    "INSERT INTO records (job_id, position, example_id, text, reference) VALUES (?, ?, ?, ?, ?)",
-                    ((job.id, i, r.id, r.text, r.reference) for i, r in enumerate(records)),
+                     _dumps(job.columns), job.limit, _dumps(job.generation), time.time(), owner,
+                     time.time() + lease_s),
                 )
         except sqlite3.IntegrityError:
             existing = self.find_by_key(job.idempotency_key) if job.idempotency_key else None
@@ -196,56 +227,136 @@ class JobStore:
             return existing, False
         return self.get(job.id), True
 
+    def add_records(self, job_id: str, owner: str, lease_s: float, records: Sequence[StoredRecord]) -> bool:
+        """Append records to a ``loading`` job of `owner` in one transaction, renewing its lease.
+
+        Returns False (nothing written) when the job is no longer loading under `owner`.
+        Raises `DuplicateId` for an id the job already has or that repeats within `records`.
+        """
+        with self._write() as connection:
+            if not self._renew(connection, job_id, owner, lease_s, "loading"):
+                return False
+            try:
+                connection.executemany(
+                    "INSERT INTO records (job_id, position, example_id, text, reference, error)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    ((job_id, r.position, r.record.id, r.record.text, r.record.reference, r.error) for r in records),
+                )
+            except sqlite3.IntegrityError:
+                raise self._duplicate(connection, job_id, records) from None
+        return True
+
+    @staticmethod
+    def _duplicate(connection: sqlite3.Connection, job_id: str, records: Sequence[StoredRecord]) -> DuplicateId:
+        """The first repeated id of `records` (in order), against earlier chunks and within this one."""
+        seen: dict[str, int] = {}
+        for stored in records:
+            example_id = stored.record.id
+            row = connection.execute(  # earlier chunks only: this one's rows are not rolled back yet
+                "SELECT position FROM records WHERE job_id = ? AND example_id = ? AND position < ?",
+                (job_id, example_id, records[0].position),
+            ).fetchone()
+            first = row[0] if row is not None else seen.get(example_id)
+            if first is not None:
+                return DuplicateId(example_id, first, stored.position)
+            seen[example_id] = stored.position
+        return DuplicateId("?", -1, -1)
+
+    def seal(self, job_id: str, owner: str, total: int) -> dict | None:
+        """Make a ``loading`` job of `owner` ``queued`` with `total` records (None if it is not).
+
+        The submission time becomes the moment it was sealed, so it queues after jobs that were
+        ready before it.
+        """
+        with self._write() as connection:
+            changed = connection.execute(
+                "UPDATE jobs SET status = 'queued', total = ?, owner = NULL, lease_until = NULL, created_at = ?"
+                " WHERE id = ? AND status = 'loading' AND owner = ?",
+                (total, time.time(), job_id, owner),
+            ).rowcount
+        return self.get(job_id) if changed else None
+
+    def create(self, job: NewJob, records: Sequence[Record]) -> tuple[dict, bool]:
+        """`begin`, `add_records` and `seal` at once: a queued job with `records` (small jobs, tests)."""
+        owner = f"create:{job.id}"
+        created, new = self.begin(job, owner, lease_s=60)
+        if not new:
+            return created, False
+        self.add_records(job.id, owner, 60, [StoredRecord(i, r) for i, r in enumerate(records)])
+        return self.seal(job.id, owner, len(records)), True
+
+    def discard(self, job_id: str) -> None:
+        """Delete a job, its records and anything else it has, a chunk of records per transaction."""
+        while True:
+            with self._write() as connection:
+                deleted = connection.execute(
+                    "DELETE FROM records WHERE rowid IN (SELECT rowid FROM records WHERE job_id = ? LIMIT ?)",
+                    (job_id, _DISCARD_CHUNK),
+                ).rowcount
+            if deleted < _DISCARD_CHUNK:
+                break
+        with self._write() as connection:
+            for table in ("predictions", "batches", "jobs"):
+                column = "id" if table == "jobs" else "job_id"
+                connection.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
+
+    def discard_stale(self) -> list[str]:
+        """Discard ``loading`` jobs whose loader died (lease expired); returns their ids."""
+        with self._read() as connection:
+            ids = [row[0] for row in connection.execute(
+                "SELECT id FROM jobs WHERE status = 'loading' AND lease_until < ?", (time.time(),))]
+        for job_id in ids:
+            self.discard(job_id)
+        return ids
+
+    # ---- finding ---------------------------------------------------------------------------
+
     def get(self, job_id: str) -> dict | None:
         """The job as a dict (JSON columns decoded), or None."""
-        with self._connect() as connection:
-            row = connection.execute(f"{_SELECT_JOBS} WHERE id = ?", (job_id,)).fetchone()
+        with self._read() as connection:
+            row = connection.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _job(row)
 
     def find_by_key(self, key: str) -> dict | None:
         """The job created with idempotency key `key`, or None."""
-        with self._connect() as connection:
-            row = connection.execute(f"{_SELECT_JOBS} WHERE idempotency_key = ?", (key,)).fetchone()
+        with self._read() as connection:
+            row = connection.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
         return _job(row)
 
     def list(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[dict]:
-        """Jobs, newest first, optionally only those with `status`."""
-        where, args = ("WHERE status = ?", [status]) if status else ("", [])
-        with self._connect() as connection:
+        """Jobs, newest first, optionally only those with `status` (``loading`` ones never)."""
+        where, args = ("status = ?", [status]) if status else ("status != 'loading'", [])
+        with self._read() as connection:
             rows = connection.execute(
-                f"{_SELECT_JOBS} {where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?", (*args, limit, offset)
+                f"SELECT * FROM jobs WHERE {where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
+                (*args, limit, offset),
             ).fetchall()
         return [_job(row) for row in rows]
 
     def counts(self) -> dict[str, int]:
-        """Number of jobs per status (every status present, 0 when none)."""
-        with self._connect() as connection:
-            rows = connection.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
-        return {**dict.fromkeys(STATUSES, 0), **{status: n for status, n in rows}}
+        """Number of jobs per status (every status present, 0 when none), from the kept counts."""
+        with self._read() as connection:
+            rows = connection.execute("SELECT status, n FROM job_counts").fetchall()
+        found = {status: n for status, n in rows if status in STATUSES}
+        return {**dict.fromkeys(STATUSES, 0), **found}
 
-    def records(self, job_id: str) -> list[Record]:
-        """The job's records in submission order."""
-        with self._connect() as connection:
-            rows = connection.execute(
-                "SELECT example_id, text, reference FROM records WHERE job_id = ? ORDER BY position", (job_id,)
-            ).fetchall()
-        return [Record(row[0], row[1], row[2]) for row in rows]
+    def prediction_lines(self, job_id: str, errors: str = "include", page: int = 500) -> Iterator[str]:
+        """The job's prediction rows as JSON lines, in record order, read a page at a time.
 
-    def done_ids(self, job_id: str) -> set[str]:
-        """Ids of the examples that already have a prediction row."""
-        with self._connect() as connection:
-            rows = connection.execute("SELECT example_id FROM predictions WHERE job_id = ?", (job_id,)).fetchall()
-        return {row[0] for row in rows}
+        `errors`: ``include`` every row, ``only`` the rows of failed examples, ``exclude`` the others.
+        """
+        condition = {"include": "", "only": " AND failed = 1", "exclude": " AND failed = 0"}[errors]
+        for _, row in self._pages(job_id, condition, page):
+            yield row + "\n"
 
-    def rows(self, job_id: str) -> dict[str, dict]:
-        """Every prediction row of the job, by example id."""
-        with self._connect() as connection:
-            rows = connection.execute("SELECT example_id, row FROM predictions WHERE job_id = ?", (job_id,)).fetchall()
-        return {row[0]: json.loads(row[1]) for row in rows}
+    def iter_rows(self, job_id: str, page: int = 500) -> Iterator[dict]:
+        """Every prediction row of the job, decoded, in record order, read a page at a time."""
+        for _, row in self._pages(job_id, "", page):
+            yield json.loads(row)
 
     def example(self, job_id: str, example_id: str) -> tuple[Record | None, dict | None]:
         """One example of the job: its record and its prediction row (each None when absent)."""
-        with self._connect() as connection:
+        with self._read() as connection:
             record = connection.execute(
                 "SELECT example_id, text, reference FROM records WHERE job_id = ? AND example_id = ?",
                 (job_id, example_id),
@@ -255,116 +366,185 @@ class JobStore:
             ).fetchone()
         return (Record(*record) if record else None), (json.loads(row[0]) if row else None)
 
-    def prediction_lines(self, job_id: str, page: int = 500) -> Iterator[str]:
-        """The job's prediction rows as JSON lines, in record order, read a page at a time."""
+    def _pages(self, job_id: str, condition: str, page: int) -> Iterator[tuple[int, str]]:
         after = -1
         while True:
-            with self._connect() as connection:
+            with self._read() as connection:
                 rows = connection.execute(
-                    "SELECT position, row FROM predictions WHERE job_id = ? AND position > ? ORDER BY position LIMIT ?",
+                    f"SELECT position, row FROM predictions WHERE job_id = ? AND position > ?{condition}"
+                    " ORDER BY position LIMIT ?",
                     (job_id, after, page),
                 ).fetchall()
-            for _, row in rows:
-                yield row + "\n"
+            yield from rows
             if len(rows) < page:
                 return
             after = rows[-1][0]
 
+    def first_failures(self, job_id: str, n: int) -> list[tuple[str, str]]:
+        """``(example id, error)`` of the job's first `n` failed examples, in record order."""
+        with self._read() as connection:
+            rows = connection.execute(
+                "SELECT example_id, json_extract(row, '$.error') FROM predictions WHERE job_id = ? AND failed = 1"
+                " ORDER BY position LIMIT ?",
+                (job_id, n),
+            ).fetchall()
+        return [(row[0], row[1]) for row in rows]
+
     def batches(self, job_id: str) -> list[dict]:
         """The job's finished batches in order: batch, run, size, peak_bytes, seconds, queue_s."""
-        with self._connect() as connection:
+        with self._read() as connection:
             rows = connection.execute(
                 "SELECT batch, run, size, peak_bytes, seconds, queue_s FROM batches WHERE job_id = ? ORDER BY batch",
                 (job_id,),
             ).fetchall()
         return [dict(row) for row in rows]
 
+    def pending(self, job_id: str, after: int, max_records: int, max_chars: int) -> list[StoredRecord]:
+        """The next records after position `after` without a prediction, in order: at most
+        `max_records`, and no more once their texts reach `max_chars` characters (at least one)."""
+        found: list[StoredRecord] = []
+        chars = 0
+        with self._read() as connection:
+            cursor = connection.execute(
+                "SELECT position, example_id, text, reference, error FROM records AS r"
+                " WHERE job_id = ? AND position > ? AND NOT EXISTS"
+                " (SELECT 1 FROM predictions AS p WHERE p.job_id = r.job_id AND p.example_id = r.example_id)"
+                " ORDER BY position",
+                (job_id, after),
+            )
+            try:
+                for position, example_id, text, reference, error in cursor:
+                    found.append(StoredRecord(position, Record(example_id, text, reference), error))
+                    chars += len(text)
+                    if len(found) >= max_records or chars >= max_chars:
+                        break
+            finally:
+                cursor.close()
+        return found
+
     # ---- the runner's transitions ------------------------------------------------------
 
-    def requeue_interrupted(self) -> list[str]:
-        """Put jobs left ``running`` by a stopped or killed process back in the queue; returns their ids."""
-        with self._connect(write=True) as connection:
-            ids = [row[0] for row in connection.execute("SELECT id FROM jobs WHERE status = 'running'")]
-            connection.execute("UPDATE jobs SET status = 'queued' WHERE status = 'running'")
-        return ids
+    def claim_next(self, owner: str, lease_s: float) -> dict | None:
+        """Give `owner` the oldest claimable job, marked ``running`` under its lease (None when none).
 
-    def claim_next(self) -> dict | None:
-        """Mark the oldest queued job ``running`` and return it (None when none is queued).
-
-        A job whose previous runs finished no batch `MAX_STALLED_RUNS` times in a row is
-        failed instead, and the next one is tried.
+        Claimable: queued, or running under a lease that expired (its owner stopped renewing:
+        it died) or under `owner`'s own (a job this process dropped while the store was down).
+        A job whose previous runs finished no batch `MAX_STALLED_RUNS` times in a row is failed
+        instead, and the next one is tried. A run that was released cleanly is no stall.
         """
-        while True:
-            with self._connect(write=True) as connection:
+        now = time.time()
+        with self._write() as connection:
+            while True:
                 row = connection.execute(
-                    "SELECT * FROM jobs WHERE status = 'queued' ORDER BY created_at, id LIMIT 1"
+                    "SELECT * FROM jobs WHERE status = 'queued' OR (status = 'running' AND"
+                    " (lease_until IS NULL OR lease_until < ? OR owner = ?)) ORDER BY created_at, id LIMIT 1",
+                    (now, owner),
                 ).fetchone()
                 if row is None:
                     return None
-                resumed = row["runs"] > 0
-                stalled = row["stalled_runs"] + 1 if resumed and row["done"] == row["done_at_start"] else 0
+                resumed, at_start = row["runs"] > 0, row["done_at_start"]
+                if not resumed or (at_start is not None and row["done"] > at_start):
+                    stalled = 0
+                elif at_start is None:
+                    stalled = row["stalled_runs"]
+                else:
+                    stalled = row["stalled_runs"] + 1
                 if stalled >= MAX_STALLED_RUNS:
                     reason = (f"the server stopped {stalled} times in a row while running this job without "
                               "finishing a batch; not resuming it again")
                     connection.execute(
-                        "UPDATE jobs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
-                        (reason, time.time(), row["id"]),
+                        "UPDATE jobs SET status = 'failed', error = ?, finished_at = ?, owner = NULL,"
+                        " lease_until = NULL WHERE id = ?",
+                        (reason, now, row["id"]),
                     )
                     continue
                 connection.execute(
                     "UPDATE jobs SET status = 'running', runs = runs + 1, stalled_runs = ?, done_at_start = done,"
-                    " started_at = COALESCE(started_at, ?) WHERE id = ?",
-                    (stalled, time.time(), row["id"]),
+                    " started_at = COALESCE(started_at, ?), owner = ?, lease_until = ? WHERE id = ?",
+                    (stalled, now, owner, now + lease_s, row["id"]),
                 )
-            return self.get(row["id"])
+                job = _job(connection.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone())
+                return job
 
-    def write_batch(self, job_id: str, batch: BatchWrite) -> bool:
-        """Store one finished batch in one transaction; False (nothing written) unless the job is running."""
+    def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
+        """Extend `owner`'s lease on a running or loading job; False when it is no longer its own."""
+        with self._write() as connection:
+            return self._renew(connection, job_id, owner, lease_s, "running", "loading")
+
+    @staticmethod
+    def _renew(connection: sqlite3.Connection, job_id: str, owner: str, lease_s: float, *statuses: str) -> bool:
+        marks = ", ".join("?" * len(statuses))
+        return connection.execute(
+            f"UPDATE jobs SET lease_until = ? WHERE id = ? AND owner = ? AND status IN ({marks})",
+            (time.time() + lease_s, job_id, owner, *statuses),
+        ).rowcount == 1
+
+    def release(self, job_id: str, owner: str) -> bool:
+        """Hand a running job of `owner` back to the queue on a clean stop (no stall is counted)."""
+        with self._write() as connection:
+            return connection.execute(
+                "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL,"
+                " stalled_runs = CASE WHEN done > COALESCE(done_at_start, done) THEN 0 ELSE stalled_runs END,"
+                " done_at_start = NULL WHERE id = ? AND owner = ? AND status = 'running'",
+                (job_id, owner),
+            ).rowcount == 1
+
+    def write_batch(self, job_id: str, owner: str, batch: BatchWrite) -> bool:
+        """Store prediction rows in one transaction; False (nothing written) unless the job is
+        running under `owner`."""
         rows = batch.rows
-        with self._connect(write=True) as connection:
-            status = connection.execute("SELECT status FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if status is None or status[0] != "running":
+        with self._write() as connection:
+            found = connection.execute("SELECT status, owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            if found is None or found["status"] != "running" or found["owner"] != owner:
                 return False
-            number = connection.execute(
-                "SELECT COALESCE(MAX(batch), -1) + 1 FROM batches WHERE job_id = ?", (job_id,)
-            ).fetchone()[0]
+            number = -1
+            if batch.model_call:
+                number = connection.execute(
+                    "SELECT COALESCE(MAX(batch), -1) + 1 FROM batches WHERE job_id = ?", (job_id,)
+                ).fetchone()[0]
+                connection.execute(
+                    "INSERT INTO batches (job_id, batch, run, size, peak_bytes, seconds, queue_s, finished_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job_id, number, batch.run, len(rows), batch.peak_bytes, batch.seconds, batch.queue_s,
+                     time.time()),
+                )
             connection.executemany(
-                "INSERT INTO predictions (job_id, example_id, position, batch, run, row) VALUES (?, ?, ?, ?, ?, ?)",
-                ((job_id, row["id"], position, number, batch.run, _dumps(row))
+                "INSERT INTO predictions (job_id, example_id, position, batch, run, row, failed)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ((job_id, row["id"], position, number, batch.run, _dumps(row), int(row["error"] is not None))
                  for row, position in zip(rows, batch.positions)),
             )
             connection.execute(
-                "INSERT INTO batches (job_id, batch, run, size, peak_bytes, seconds, queue_s, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (job_id, number, batch.run, len(rows), batch.peak_bytes, batch.seconds, batch.queue_s, time.time()),
-            )
-            connection.execute(
-                "UPDATE jobs SET done = done + ?, failed = failed + ?, work_s = work_s + ?, active_s = active_s + ?"
-                " WHERE id = ?",
+                "UPDATE jobs SET done = done + ?, failed = failed + ?, work_s = work_s + ?, active_s = active_s + ?,"
+                " peak_bytes = MAX(peak_bytes, ?) WHERE id = ?",
                 (len(rows), sum(row["error"] is not None for row in rows), sum(row["seconds"] for row in rows),
-                 batch.active_s, job_id),
+                 batch.active_s, batch.peak_bytes, job_id),
             )
         return True
 
-    def finish(self, job_id: str, metrics: dict) -> bool:
-        """Mark a running job ``succeeded`` with its final metrics; False if it was not running."""
-        return self._transition(job_id, ("running",), "succeeded", metrics=_dumps(metrics))
+    def finish(self, job_id: str, owner: str, metrics: dict) -> bool:
+        """Mark a running job of `owner` ``succeeded`` with its final metrics; False if it is not."""
+        return self._transition(job_id, ("running",), "succeeded", owner=owner, metrics=_dumps(metrics))
 
-    def fail(self, job_id: str, reason: str) -> bool:
-        """Mark a queued or running job ``failed`` with `reason`; False if it had already ended."""
-        return self._transition(job_id, ACTIVE, "failed", error=reason)
+    def fail(self, job_id: str, reason: str, owner: str | None = None) -> bool:
+        """Mark a queued or running job ``failed`` with `reason` (only while `owner` holds it, when
+        given); False if it had already ended."""
+        return self._transition(job_id, ACTIVE, "failed", owner=owner, error=reason)
 
     def cancel(self, job_id: str) -> bool:
         """Mark a queued or running job ``cancelled``; False if it had already ended."""
         return self._transition(job_id, ACTIVE, "cancelled")
 
-    def _transition(self, job_id: str, allowed: Sequence[str], status: str, **columns: Any) -> bool:
+    def _transition(self, job_id: str, allowed: Sequence[str], status: str, owner: str | None = None,
+                    **columns: Any) -> bool:
         assignments = "".join(f", {name} = ?" for name in columns)
         marks = ", ".join("?" * len(allowed))
-        with self._connect(write=True) as connection:
+        mine = " AND owner = ?" if owner is not None else ""
+        with self._write() as connection:
             changed = connection.execute(
-                f"UPDATE jobs SET status = ?, finished_at = ?{assignments} WHERE id = ? AND status IN ({marks})",
-                (status, time.time(), *columns.values(), job_id, *allowed),
+                f"UPDATE jobs SET status = ?, finished_at = ?, owner = NULL, lease_until = NULL{assignments}"
+                f" WHERE id = ? AND status IN ({marks}){mine}",
+                (status, time.time(), *columns.values(), job_id, *allowed, *([owner] if owner is not None else [])),
             ).rowcount
         return changed == 1
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
@@ -22,9 +22,11 @@ _SUBMIT_ERRORS = {
     401: _ERRORS[401],
     409: {"description": "Idempotency-Key already used for a different request"},
     413: {"description": "Body larger than MAX_REQUEST_BYTES"},
-    422: {"description": "Invalid request: generation option, refused or missing file, missing column, bad records"},
+    422: {"description": "Invalid request: generation option, refused, missing or unreadable file, hub id not "
+                         "allowed, missing column, bad records, limit above BART_OPT_MAX_JOB_RECORDS"},
+    429: {"description": "As many datasets are loading as BART_OPT_DATASET_LOADERS allows; retry"},
     502: {"description": "Hub dataset could not be loaded"},
-    503: {"description": "Model not loaded yet, failed to load, or shutting down"},
+    503: {"description": "Model not loaded yet, failed to load, shutting down, or the jobs database cannot be written"},
 }
 
 
@@ -39,8 +41,9 @@ async def submit(
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> dict:
-    """Queue an evaluation job (202 + Location). A known ``Idempotency-Key`` answers 200 with that job."""
-    view, created = await run_in_threadpool(_jobs(request).submit, body, idempotency_key)
+    """Queue an evaluation job (202 + Location) once its records are stored. A known ``Idempotency-Key``
+    answers 200 with that job. The dataset loads on the jobs' own threads, never on the request threads."""
+    view, created = await _jobs(request).submit(body, idempotency_key)
     response.headers["Location"] = view["links"]["self"]
     if not created:
         response.status_code = 200
@@ -69,9 +72,14 @@ async def get_job(job_id: str, request: Request) -> dict:
     response_class=StreamingResponse,
     responses={**_ERRORS, 200: {"content": {"application/x-ndjson": {}}, "description": "One JSON object per line"}},
 )
-async def predictions(job_id: str, request: Request) -> StreamingResponse:
+async def predictions(
+    job_id: str,
+    request: Request,
+    errors: Annotated[Literal["include", "only", "exclude"], Query(
+        description="only: the failed examples with their reasons; exclude: the others")] = "include",
+) -> StreamingResponse:
     """The predictions stored so far, one JSON line per example in record order."""
-    lines = await run_in_threadpool(_jobs(request).prediction_lines, job_id)
+    lines = await run_in_threadpool(_jobs(request).prediction_lines, job_id, errors)
     return StreamingResponse(lines, media_type="application/x-ndjson")
 
 

@@ -16,8 +16,9 @@ from bart_opt.summarizer import Summarizer
 from tests.app.jobs.helpers import cnn_rows
 
 # One input per model call makes the job long enough to kill halfway and its summaries
-# independent of how the batches fall after the restart.
-SETTINGS = {"max_batch_size": 1, "torch_threads": 1}
+# independent of how the batches fall after the restart. The killed server's claim on the job
+# holds for the lease, then the new server takes the job over.
+SETTINGS = {"max_batch_size": 1, "torch_threads": 1, "job_lease_s": 2}
 GENERATION = {"num_beams": 2, "max_length": 12, "min_length": 2}
 N = 24
 

@@ -61,10 +61,12 @@ def test_records_that_fail_alone_are_stored_with_the_reason_and_a_run_of_them_fa
         view = wait_for_job(client, job_id)
         rows = prediction_rows(client, job_id)
     assert view["status"] == "failed"
-    assert "5 examples in a row failed" in view["error"] and "the device is on fire" in view["error"]
+    assert view["error"].startswith("5 examples in a row failed on the model; the last one: the model failed on "
+                                    "this example (internal error; the server log has the details)")
     assert view["progress"]["done"] == view["progress"]["failed"] == 5 and view["rouge"] is None
     assert len(calls) <= 2 * 5  # each record tried at most once in its batch and once alone
-    assert len(rows) == 5 and all(row["prediction"] == "" and "on fire" in row["error"] for row in rows)
+    assert len(rows) == 5 and all(row["prediction"] == "" and "internal error" in row["error"] for row in rows)
+    assert "on fire" not in view["error"] + "".join(row["error"] for row in rows)  # the log has it, not the client
 
 
 def test_an_input_out_of_memory_even_alone_is_a_failed_record_not_a_loop(make_jobs_app, write_jsonl):
@@ -78,7 +80,9 @@ def test_an_input_out_of_memory_even_alone_is_a_failed_record_not_a_loop(make_jo
         job_id = submit_file(client, "three.jsonl")
         view = wait_for_job(client, job_id)
         rows = prediction_rows(client, job_id)
-    assert view["status"] == "succeeded" and view["progress"]["failed"] == 3 and view["rouge"] is None
+    # Every example failed: the job failed, with the first reasons, and ROUGE over nothing is not claimed.
+    assert view["status"] == "failed" and view["progress"]["failed"] == 3 and view["rouge"] is None
+    assert view["error"].startswith("all 3 examples failed; the first: 'doc-") and view["error"].count("even in a batch of one") == 3
     assert all(row["error"] and "out of memory" in row["error"] for row in rows)
     assert max(calls) == 3 and calls.count(1) == 3  # halved down to one input, each tried once alone
 
@@ -98,7 +102,7 @@ def test_a_stopped_service_resumes_its_job_where_it_stopped(make_jobs_app, write
             stepper.allow(100)
         app.state.jobs.runner.stop(timeout=60)
         stopped = client.get(f"/evaluate/{job_id}").json()
-    assert stopped["status"] == "running" and stopped["progress"]["done"] == 4  # batch 2 was kept
+    assert stopped["status"] == "queued" and stopped["progress"]["done"] == 4  # batch 2 was kept, the job handed back
     with serving(make_jobs_app(max_batch_size=2)) as client:
         view = wait_for_job(client, job_id)
         rows = prediction_rows(client, job_id)

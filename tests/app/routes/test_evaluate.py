@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from app.worker import Kind
-from bart_opt.data import load_records
+from bart_opt.data import iter_records, load_records
 from tests.app.helpers import FAST, articles, serving
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
     Stepper,
@@ -112,6 +113,16 @@ def test_list_is_newest_first_and_filters_by_status(app_client):
 # ---- cancel, streaming, interleaving, gauges -----------------------------------------------------
 
 
+def until_scraped(client, check, timeout: float = 10.0) -> dict:
+    """Scrape /metrics until `check(samples)` holds (job counts are cached, refreshed within a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gauges = samples(client.get("/metrics").text)
+        if check(gauges) or time.monotonic() > deadline:
+            return gauges
+        time.sleep(0.05)
+
+
 def test_predictions_stream_what_is_done_and_cancel_keeps_it(make_jobs_app, write_jsonl):
     write_jsonl("six.jsonl", cnn_rows(6, seed=5))
     stepper = Stepper()
@@ -156,8 +167,8 @@ def test_interactive_requests_run_between_job_batches_and_gauges_follow_the_job(
         try:
             job = client.post("/evaluate", json={"dataset": {"file": "eight.jsonl"}, "generation": FAST}).json()
             stepper.wait_arrived(1)  # job batch 1 (2 texts) holds the device
-            gauges = samples(client.get("/metrics").text)
-            assert value(gauges, "bart_opt_jobs_running") == 1 and value(gauges, "bart_opt_jobs_queued") == 0
+            gauges = until_scraped(client, lambda gauges: value(gauges, "bart_opt_jobs_running") == 1)
+            assert value(gauges, "bart_opt_jobs_queued") == 0
             asking = threading.Thread(target=lambda: answers.append(
                 client.post("/summarize", json={"texts": articles(1, seed=7), "generation": FAST})))
             asking.start()
@@ -205,14 +216,14 @@ def test_idempotency_key_returns_the_existing_job(app_client):
 
 @pytest.fixture
 def opened(monkeypatch):
-    """Every `load_records` call the job service makes (the records still load)."""
+    """Every `iter_records` call the job service makes (the records still load)."""
     calls = []
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
-        return load_records(*args, **kwargs)
+        return iter_records(*args, **kwargs)
 
-    monkeypatch.setattr("app.jobs.service.load_records", spy)
+    monkeypatch.setattr("app.jobs.service.iter_records", spy)
     return calls
 
 
@@ -298,21 +309,22 @@ def test_job_routes_need_the_api_key_when_one_is_set(make_jobs_app):
         assert client.get("/evaluate", headers={"Authorization": "Bearer s3cret"}).status_code == 200
 
 
-def test_hub_datasets_load_through_load_records_and_a_failure_is_a_clean_502(app_client, monkeypatch):
+def test_hub_datasets_stream_and_an_unreachable_hub_is_a_clean_502(app_client, monkeypatch):
     calls = []
 
-    def offline(**kwargs):
-        calls.append(kwargs)
+    def offline(*args, **kwargs):
+        calls.append((args, kwargs))
         raise ConnectionError("no network here")
 
-    monkeypatch.setattr("app.jobs.service.load_records", offline)
+    monkeypatch.setattr("datasets.load_dataset", offline)
     body = {"dataset": {"hub": "abisee/cnn_dailymail", "config": "3.0.0", "split": "test"}, "limit": 10}
     response = app_client.post("/evaluate", json=body)
     assert response.status_code == 502, response.text
     error = response.json()["error"]
-    assert error["code"] == "dataset_unavailable" and "no network here" in error["message"]
-    assert calls == [{"hub": "abisee/cnn_dailymail", "config": "3.0.0", "split": "test", "text_column": "article",
-                      "summary_column": "highlights", "id_column": "id", "limit": 10}]
+    assert error["code"] == "dataset_unavailable" and error["field"] == "dataset.hub"
+    assert error["message"] == "dataset.hub: could not reach the hub to load 'abisee/cnn_dailymail'; retry later"
+    assert calls == [(("abisee/cnn_dailymail", "3.0.0"), {"split": "test", "streaming": True})]
+    assert app_client.get("/evaluate").json()["jobs"] == []
 
 
 def test_a_jobs_database_that_cannot_be_opened_disables_only_the_job_routes(make_jobs_app, tmp_path):
@@ -324,6 +336,7 @@ def test_a_jobs_database_that_cannot_be_opened_disables_only_the_job_routes(make
         scraped = client.get("/metrics")
     assert summarized.status_code == 200 and scraped.status_code == 200
     for response in (submitted, listed):
-        assert response.status_code == 503
+        assert response.status_code == 503 and response.headers["retry-after"] == "5"
         error = response.json()["error"]
         assert error["code"] == "jobs_unavailable" and "BART_OPT_DB" in error["message"]
+        assert str(tmp_path) not in error["message"]

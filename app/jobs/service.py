@@ -57,16 +57,12 @@ _RETRY_AFTER = {"Retry-After": "5"}
 
 
 class JobService:
-    """Evaluation jobs on top of the summarize service's model and device worker.
+    """Evaluation jobs on top of the summarize service's model and device worker."""
 
-    `store` replaces the store built from ``settings.db`` (tests inject faults through it).
-    """
-
-    def __init__(self, settings: Settings, metrics: Metrics, summarize: SummarizeService, *,
-                 store: JobStore | None = None) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, summarize: SummarizeService) -> None:
         self.settings = settings
         self.summarize = summarize
-        self.store = store or JobStore(settings.db)
+        self.store = JobStore(settings.db)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._store_ready = threading.Event()
         config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+import sqlite3
 import threading
 import time
 
@@ -119,3 +120,46 @@ def prediction_rows(client, job_id: str) -> list[dict]:
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/x-ndjson")
     return [json.loads(line) for line in response.text.splitlines()]
+
+
+class FaultyConnection(sqlite3.Connection):
+    """A SQLite connection that turns itself read-only or full while `FaultyConnection.fault` says so.
+
+    The faults are SQLite's own: ``"read-only"`` sets ``PRAGMA query_only`` (writes fail with
+    SQLITE_READONLY, as on a read-only volume), ``"full"`` caps ``max_page_count`` at the
+    current size (a write that needs a new page fails with SQLITE_FULL, as on a full disk).
+    The switch is class-wide and takes effect on every connection's next statement.
+    """
+
+    fault: str | None = None
+
+    def _apply(self) -> None:
+        wanted = type(self).fault
+        if getattr(self, "_applied", None) == wanted or self.in_transaction:
+            return
+        super().execute(f"PRAGMA query_only = {int(wanted == 'read-only')}")
+        if wanted == "full":
+            pages = super().execute("PRAGMA page_count").fetchone()[0]
+            super().execute(f"PRAGMA max_page_count = {pages}")
+        else:
+            super().execute("PRAGMA max_page_count = 4294967294")
+        self._applied = wanted
+
+    def execute(self, *args):
+        self._apply()
+        return super().execute(*args)
+
+    def executemany(self, *args):
+        self._apply()
+        return super().executemany(*args)
+
+
+@pytest.fixture
+def faulty_store(monkeypatch):
+    """Apps built in this test keep their jobs in stores whose connections are `FaultyConnection`s."""
+    from app.jobs.store import JobStore
+
+    monkeypatch.setattr("app.jobs.service.JobStore", functools.partial(JobStore, connection_factory=FaultyConnection))
+    FaultyConnection.fault = None
+    yield FaultyConnection
+    FaultyConnection.fault = None

@@ -1,0 +1,97 @@
+"""Faults never strand a job: a read-only or full database mid-job, a database that cannot be opened yet."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from tests.app.helpers import FAST, serving
+from tests.app.jobs.helpers import Stepper, cnn_rows, prediction_rows, wait_for_job
+
+FAULT_SETTINGS = {"max_batch_size": 2, "store_retry_s": 0.5, "job_lease_s": 1}
+
+
+def submit(client, name: str) -> str:
+    response = client.post("/evaluate", json={"dataset": {"file": name}, "generation": FAST})
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def refused_submission(client, name: str) -> dict:
+    response = client.post("/evaluate", json={"dataset": {"file": name}, "generation": FAST})
+    assert response.status_code == 503 and response.headers["retry-after"] == "5", response.text
+    return response.json()["error"]
+
+
+def test_a_database_made_read_only_mid_job_holds_the_job_which_resumes_once_writable(
+    make_jobs_app, write_jsonl, faulty_store, tmp_path
+):
+    write_jsonl("six.jsonl", cnn_rows(6, seed=30))
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), **FAULT_SETTINGS)
+    with serving(app) as client:
+        try:
+            job_id = submit(client, "six.jsonl")
+            stepper.allow(1)
+            wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] == 2)
+            faulty_store.fault = "read-only"
+            stepper.allow(1)  # batch 2 is computed but cannot be written; nor can the job be failed
+            stepper.wait_arrived(2)
+            time.sleep(1.5)  # past the retries (0.5 s) and the lease (1 s)
+            during = client.get(f"/evaluate/{job_id}").json()  # reads still work
+            error = refused_submission(client, "six.jsonl")
+            faulty_store.fault = None  # writable again: the job is claimed again, no restart
+            stepper.allow(100)
+            view = wait_for_job(client, job_id)
+        finally:
+            stepper.allow(100)
+        rows = prediction_rows(client, job_id)
+    assert during["status"] == "running" and during["progress"]["done"] == 2
+    assert error["code"] == "jobs_store_unavailable"
+    assert error["message"] == "the jobs database (BART_OPT_DB) is read-only; retry later"
+    assert view["status"] == "succeeded" and view["runs"] == 2 and view["progress"]["done"] == 6
+    assert [row["id"] for row in rows] == [f"doc-{i}" for i in range(6)]  # each example exactly once
+    assert [(batch["run"], batch["size"]) for batch in view["memory"]["batches"]] == [(1, 2), (2, 2), (2, 2)]
+
+
+def test_a_full_disk_mid_job_fails_it_with_the_reason_and_submissions_get_503(make_jobs_app, data_dir, faulty_store):
+    rows = cnn_rows(4, seed=31)
+    for row in rows:
+        row["highlights"] = "A long reference sentence. " * 300  # 8 KB: every prediction row needs new pages
+    (data_dir / "four.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), **FAULT_SETTINGS)
+    with serving(app) as client:
+        try:
+            job_id = submit(client, "four.jsonl")
+            stepper.allow(1)
+            wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] == 2)
+            faulty_store.fault = "full"
+            stepper.allow(100)
+            view = wait_for_job(client, job_id)
+            error = refused_submission(client, "four.jsonl")
+        finally:
+            stepper.allow(100)
+        faulty_store.fault = None
+        again = client.post("/evaluate", json={"dataset": {"file": "four.jsonl"}, "generation": FAST})
+    assert view["status"] == "failed" and view["progress"]["done"] == 2
+    assert view["error"] == ("the jobs database (BART_OPT_DB) is full (no space left on its disk) for more than "
+                             "0.5 s while the job ran; submit it again once the database works")
+    assert error["message"] == "the jobs database (BART_OPT_DB) is full (no space left on its disk); retry later"
+    assert again.status_code == 202, again.text
+
+
+def test_a_database_that_cannot_be_opened_yet_comes_back_without_a_restart(make_jobs_app, tmp_path, write_jsonl):
+    write_jsonl("two.jsonl", cnn_rows(2, seed=32))
+    blocker = tmp_path / "volume"
+    blocker.write_text("not a folder yet")  # the database's folder cannot be created
+    with serving(make_jobs_app(db=str(blocker / "jobs.db"))) as client:
+        refused = client.post("/evaluate", json={"dataset": {"file": "two.jsonl"}, "generation": FAST})
+        blocker.unlink()  # the volume is mounted
+        deadline = time.monotonic() + 30
+        while (listed := client.get("/evaluate")).status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        view = wait_for_job(client, submit(client, "two.jsonl"))
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "jobs_unavailable"
+    assert str(tmp_path) not in refused.text
+    assert listed.status_code == 200 and view["status"] == "succeeded"

@@ -1,9 +1,11 @@
 """Evaluation jobs: ``POST /evaluate`` on a dataset, persisted in SQLite, resumed after a restart.
 
-- `app.jobs.service.JobService`: what the routes call (validation, the job view).
-- `app.jobs.runner.JobRunner`: the thread that runs jobs one batch at a time on the shared worker.
-- `app.jobs.store.JobStore`: the SQLite tables (jobs, records, predictions, batches).
+- `app.jobs.service.JobService`: what the routes call (validation, the job view, the upkeep thread).
+- `app.jobs.intake.Intake`: a submission's records streamed into the store in bounded transactions.
+- `app.jobs.runner.JobRunner`: the thread that runs jobs a window and a batch at a time on the shared worker.
+- `app.jobs.store.JobStore`: the SQLite tables, leases and counts; `app.jobs.schema` versions and migrates them.
 - `app.jobs.paths.resolve_data_file`: ``{"file": ...}`` confined to ``BART_OPT_DATA_DIR``.
+- `app.jobs.sources.check_hub_source`: ``{"hub": ...}`` confined to hub ids on ``BART_OPT_HUB_DATASETS``.
 """
 
 from app.jobs.service import JobService

@@ -170,9 +170,9 @@ class BoundedPool:
             raise PoolBusy(self.name)
         try:
             future = self._executor.submit(function, *args)
-        except BaseException:
+        except RuntimeError:  # shut down: the service is stopping
             self._slots.release()
-            raise
+            raise PoolBusy(self.name) from None
         future.add_done_callback(lambda _: self._slots.release())
         return await asyncio.wrap_future(future)
 

@@ -102,6 +102,7 @@ class JobService:
             pool.shutdown()
         self.runner.stop(timeout=self.settings.shutdown_timeout)
         self._upkeep.join(timeout=5)
+        self.store.close()
 
     def _open_store(self) -> bool:
         try:

@@ -7,6 +7,9 @@ import time
 
 import pytest
 
+from app.jobs.schemas import EvaluateRequest
+from app.jobs.service import _hash
+from app.jobs.store import NewJob
 from app.worker import Kind
 from bart_opt.data import iter_records, load_records
 from tests.app.helpers import FAST, articles, serving
@@ -209,6 +212,36 @@ def test_idempotency_key_returns_the_existing_job(app_client):
     assert len(app_client.get("/evaluate").json()["jobs"]) == 2
     wait_for_job(app_client, first.json()["id"])
     wait_for_job(app_client, fresh.json()["id"])
+
+
+def test_a_key_whose_first_request_is_still_loading_its_dataset_is_409_retry(app_client):
+    body = {"dataset": {"records": [{"text": articles(1, seed=8)[0], "reference": "the summary."}]}, "generation": FAST}
+    hashed = _hash(EvaluateRequest.model_validate(body))
+    loading = NewJob(id="loading", request_hash=hashed, model="demo", dataset={}, columns={}, limit=None,
+                     generation={}, idempotency_key="slow-1")
+    app_client.app.state.jobs.store.begin(loading, "another-process", lease_s=30)
+    response = app_client.post("/evaluate", json=body, headers={"Idempotency-Key": "slow-1"})
+    assert response.status_code == 409 and response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "idempotency_key_in_progress"
+    assert app_client.get("/evaluate/loading").status_code == 404  # not a job until its records are in
+
+
+def test_a_metrics_scrape_runs_no_sql(app_client):
+    """Job counts come from a cache the upkeep thread refreshes; a scrape never touches the database."""
+    store = app_client.app.state.jobs.store
+    touched = []
+
+    def no_sql():
+        touched.append(threading.current_thread().name)
+        raise AssertionError("no SQL in a scrape")
+
+    store._connection, real = no_sql, store._connection
+    try:
+        scraped = app_client.get("/metrics")
+    finally:
+        store._connection = real
+    assert scraped.status_code == 200 and "bart_opt_jobs_queued" in scraped.text
+    assert set(touched) <= {"bart-opt-jobs-upkeep", "bart-opt-jobs"}  # background threads only, never the scrape
 
 
 # ---- refusals --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import csv
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TextIO
 
 import pyarrow.parquet as pq
 
@@ -141,64 +141,78 @@ def _json_lines(path: Path, name: str, budget: int) -> Rows:
 
 def _json_array(path: Path, name: str, budget: int) -> Rows:
     """The elements of a top-level JSON array, decoded one at a time from a sliding text buffer."""
-    decoder = json.JSONDecoder()
     with path.open(encoding="utf-8-sig") as handle:
-        buffer, pos, line = "", 0, 1
-        index = 0
-
-        def fill() -> bool:
-            nonlocal buffer, pos, line
-            line += buffer.count("\n", 0, pos)
-            buffer, pos = buffer[pos:], 0
-            try:
-                chunk = handle.read(max(_READ_CHUNK, len(buffer)))
-            except UnicodeDecodeError:
-                raise ValueError(f"{name}, line {line}: not UTF-8 text") from None
-            buffer += chunk
-            return bool(chunk)
-
-        def skip_space() -> str:
-            """The next non-space character ('' at the end of the file)."""
-            nonlocal pos
-            while True:
-                while pos < len(buffer) and buffer[pos] in " \t\r\n":
-                    pos += 1
-                if pos < len(buffer) or not fill():
-                    return buffer[pos] if pos < len(buffer) else ""
-
-        def fail(message: str) -> ValueError:
-            return ValueError(f"{name}, line {line + buffer.count(chr(10), 0, pos)}: invalid JSON ({message})")
-
-        if skip_space() != "[":
-            raise fail("expected '['")
-        pos += 1
-        if skip_space() == "]":
+        reader = _ArrayReader(handle, name)
+        if reader.next_char() != "[":
+            raise reader.invalid("expected '['")
+        reader.pos += 1
+        if reader.next_char() == "]":
             return
+        index = 0
         while True:
-            skip_space()
-            too_large = TooLarge(f"{name}: element {index} of the JSON array is more than {_size(budget)} "
-                                 "(the most read as one record); refused without reading further")
-            try:
-                value, end = decoder.raw_decode(buffer, pos)
-            except json.JSONDecodeError as error:
-                if len(buffer) - pos > budget:
-                    raise too_large from None
-                if fill():
-                    continue
-                raise fail(error.msg) from None
-            except RecursionError:
-                raise fail("nested too deeply") from None
-            if end - pos > budget:
-                raise too_large
-            yield value
+            yield reader.element(index, budget)
             index += 1
-            pos = end
-            separator = skip_space()
+            separator = reader.next_char()
             if separator == "]":
                 return
             if separator != ",":
-                raise fail("expected ',' or ']' after an element")
-            pos += 1
+                raise reader.invalid("expected ',' or ']' after an element")
+            reader.pos += 1
+
+
+class _ArrayReader:
+    """A text buffer over a file that grows by chunks and drops what was decoded (see `_json_array`)."""
+
+    _decoder = json.JSONDecoder()
+
+    def __init__(self, handle: TextIO, name: str):
+        self.handle, self.name = handle, name
+        self.buffer, self.pos = "", 0
+        self.line = 1  # the line where the buffer starts
+
+    def fill(self) -> bool:
+        """Drop the decoded part, read another chunk (at least as much as is buffered); False at the end."""
+        self.line += self.buffer.count("\n", 0, self.pos)
+        self.buffer, self.pos = self.buffer[self.pos :], 0
+        try:
+            chunk = self.handle.read(max(_READ_CHUNK, len(self.buffer)))
+        except UnicodeDecodeError:
+            raise ValueError(f"{self.name}, line {self.line}: not UTF-8 text") from None
+        self.buffer += chunk
+        return bool(chunk)
+
+    def next_char(self) -> str:
+        """The next character that is not white space ('' at the end of the file), not consumed."""
+        while True:
+            while self.pos < len(self.buffer) and self.buffer[self.pos] in " \t\r\n":
+                self.pos += 1
+            if self.pos < len(self.buffer) or not self.fill():
+                return self.buffer[self.pos] if self.pos < len(self.buffer) else ""
+
+    def element(self, index: int, budget: int) -> Any:
+        """Decode the value at the cursor, reading more while it is incomplete, up to `budget` characters."""
+        self.next_char()
+        too_large = TooLarge(f"{self.name}: element {index} of the JSON array is more than {_size(budget)} "
+                             "(the most read as one record); refused without reading further")
+        while True:
+            try:
+                value, end = self._decoder.raw_decode(self.buffer, self.pos)
+            except json.JSONDecodeError as error:
+                if len(self.buffer) - self.pos > budget:
+                    raise too_large from None
+                if self.fill():
+                    continue
+                raise self.invalid(error.msg) from None
+            except RecursionError:
+                raise self.invalid("nested too deeply") from None
+            if end - self.pos > budget:
+                raise too_large
+            self.pos = end
+            return value
+
+    def invalid(self, message: str) -> ValueError:
+        line = self.line + self.buffer.count("\n", 0, self.pos)
+        return ValueError(f"{self.name}, line {line}: invalid JSON ({message})")
 
 
 def _csv_rows(path: Path, name: str, budget: int) -> tuple[list[str], Rows]:

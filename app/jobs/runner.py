@@ -245,8 +245,10 @@ class JobRunner:
             logger.info("job %s stopped (cancelled, or no longer ours)", job_id)
             return
         try:
-            self.store.release(job_id, self.owner)
-            logger.info("job %s handed back to the queue (the service is stopping)", job_id)
+            if self.store.release(job_id, self.owner):
+                logger.info("job %s handed back to the queue (the service is stopping)", job_id)
+            else:
+                logger.info("job %s stopped: it is no longer ours (cancelled or taken over)", job_id)
         except sqlite3.Error as error:
             logger.warning("could not hand job %s back (%s); it is taken up again once its lease runs out",
                            job_id, describe_store_error(error))

@@ -96,10 +96,11 @@ def _loads(text: str | bytes) -> Any:
 
 
 class _Lines:
-    """Binary lines of a file, each cut off at the budget: a longer one raises `TooLarge`.
+    """Decoded lines of a binary file, each cut off at the budget: a longer one raises `TooLarge`.
 
     `unit_bytes` counts the bytes read since `new_unit()`, so a CSV row spread over several
-    lines is bounded as a whole.
+    lines is bounded as a whole. An iterator object rather than a generator, so that nothing
+    keeps a line alive once its reader let go of it (a long line costs one copy at a time).
     """
 
     def __init__(self, handle: BinaryIO, name: str, budget: int):
@@ -110,19 +111,24 @@ class _Lines:
     def new_unit(self) -> None:
         self.unit_bytes = 0
 
-    def __iter__(self) -> Iterator[str]:
-        while line := self.handle.readline(self.budget + 1):
-            self.number += 1
-            if self.number == 1:
-                line = line.removeprefix(_BOM)
-            self.unit_bytes += len(line)
-            if self.unit_bytes > self.budget:
-                raise TooLarge(f"{self.name}, line {self.number}: more than {_size(self.budget)} in one record "
-                               "(the most read as one piece); refused without reading further")
-            try:
-                yield line.decode("utf-8")
-            except UnicodeDecodeError:
-                raise ValueError(f"{self.name}, line {self.number}: not UTF-8 text") from None
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        raw = self.handle.readline(self.budget + 1)
+        if not raw:
+            raise StopIteration
+        self.number += 1
+        if self.number == 1:
+            raw = raw.removeprefix(_BOM)
+        self.unit_bytes += len(raw)
+        if self.unit_bytes > self.budget:
+            raise TooLarge(f"{self.name}, line {self.number}: more than {_size(self.budget)} in one record "
+                           "(the most read as one piece); refused without reading further")
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{self.name}, line {self.number}: not UTF-8 text") from None
 
 
 def _json_lines(path: Path, name: str, budget: int) -> Rows:
@@ -131,12 +137,14 @@ def _json_lines(path: Path, name: str, budget: int) -> Rows:
         lines = _Lines(handle, name, budget)
         for line in lines:
             lines.new_unit()
-            if not line.strip():
+            if not line or line.isspace():
                 continue
             try:
-                yield _loads(line)
+                row = _loads(line)
             except ValueError as error:
                 raise ValueError(f"{name}, line {lines.number}: {error}") from None
+            del line  # only the row is kept of a long line
+            yield row
 
 
 def _json_array(path: Path, name: str, budget: int) -> Rows:

@@ -217,7 +217,8 @@ def scale_table(runs: list[dict], watch: float) -> str:
     base, big = runs[0], runs[-1]
     rows += [
         "",
-        f"peak RSS, {big['records']:,} vs {base['records']:,} records: {big['rss_peak_mb'] - base['rss_peak_mb']:+.0f} MB "
+        f"peak RSS, {big['records']:,} vs {base['records']:,} records: "
+        f"{big['rss_peak_mb'] - base['rss_peak_mb']:+.0f} MB "
         "(target: within 200 MB)",
         f"{big['records']:,} records accepted in {big['accepted_s']:.1f} s (target: under 10 s)",
         f"first prediction {big['first_prediction_s']:.2f} s after acceptance at {big['records']:,} records, "

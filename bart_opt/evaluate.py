@@ -301,7 +301,8 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
     where = path.parent
     before = earlier.get("dataset") if earlier is not None else None
     fingerprint, count, prefix = dataset_fingerprint(records, prefix=before.get("records") if before else None)
-    current = {**json.loads(json.dumps(run)), "dataset": {"source": source, "records": count, "fingerprint": fingerprint}}
+    dataset = {"source": source, "records": count, "fingerprint": fingerprint}
+    current = {**json.loads(json.dumps(run)), "dataset": dataset}
     if earlier is not None:
         settings = {key: current[key] for key in ("model", "generation")}
         earlier_settings = {key: earlier.get(key) for key in settings}
@@ -314,10 +315,9 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
             raise ValueError(f"{where} holds a run that does not record its dataset, so resuming it could mix two "
                              "datasets; use another output directory, or --overwrite to start over")
         if prefix != before.get("fingerprint"):
-            now = current["dataset"]
             shorter = " (fewer records than it evaluated)" if prefix is None else ""
             raise ValueError(
-                f"{where} holds a run on another dataset ({_describe(before)}), not this one ({_describe(now)})"
+                f"{where} holds a run on another dataset ({_describe(before)}), not this one ({_describe(dataset)})"
                 f"{shorter}; rerun with that dataset to resume, use another output directory, or --overwrite to "
                 "start over"
             )

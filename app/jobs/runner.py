@@ -114,6 +114,7 @@ class JobRunner:
         self._current_cancelled = False  # cancelled, or its lease lost
         self._encoder: Summarizer | None = None
         self._live: tuple[float, int] | None = None  # start of the current run, examples done in it
+        self._renewed = 0.0  # when the current job's lease was last claimed or renewed (monotonic)
         self.on_change: Callable[[], None] = lambda: None  # called when this runner starts or ends a job
         self._thread = threading.Thread(target=self._main, name="bart-opt-jobs", daemon=True)
 
@@ -149,17 +150,19 @@ class JobRunner:
     def heartbeat(self) -> None:
         """Renew the lease of the job being run; stop running it when it is no longer ours.
 
-        Called by the service every second or so; a store error is logged and the next call
+        Called by the service every second or so; renews once a third of the lease has passed
+        (a write transaction, so not every second). A store error is logged and the next call
         tries again (the lease outlives a few missed renewals).
         """
         job_id = self._current
-        if job_id is None:
+        if job_id is None or time.monotonic() - self._renewed < self.config.lease_s / 3:
             return
         try:
             mine = self.store.renew(job_id, self.owner, self.config.lease_s)
         except sqlite3.Error as error:
             logger.warning("could not renew the lease of job %s: %s", job_id, describe_store_error(error))
             return
+        self._renewed = time.monotonic()
         if not mine:
             logger.info("job %s is no longer ours (cancelled, or taken over after a stall)", job_id)
             self.cancel(job_id)
@@ -216,6 +219,7 @@ class JobRunner:
         summarizer = self.summarize.summarizer
         with self._lock:
             self._current, self._current_cancelled = job_id, False
+        self._renewed = time.monotonic()
         self.on_change()
         logger.info("job %s: run %d, %d of %d examples done", job_id, job["runs"], job["done"], job["total"])
         try:

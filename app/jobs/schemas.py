@@ -29,7 +29,8 @@ class DatasetSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     hub: str | None = Field(
-        None, min_length=1, description="Hub dataset id 'owner/name' on BART_OPT_HUB_DATASETS, e.g. abisee/cnn_dailymail."
+        None, min_length=1,
+        description="Hub dataset id 'owner/name' on BART_OPT_HUB_DATASETS, e.g. abisee/cnn_dailymail.",
     )
     config: str | None = Field(None, description="Hub dataset configuration, e.g. 3.0.0.")
     split: str = Field("test", min_length=1, description="Hub dataset split (a name; `limit` takes the first N).")

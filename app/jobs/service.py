@@ -123,8 +123,9 @@ class JobService:
 
     def _upkeep_loop(self) -> None:
         tick = 0
+        every = min(_UPKEEP_S, self.settings.job_lease_s / 3)  # a lease is renewed well before it runs out
         while not self._stop.is_set():
-            self._changed.wait(_UPKEEP_S)
+            self._changed.wait(every)
             self._changed.clear()
             if self._stop.is_set():
                 return

@@ -82,7 +82,8 @@ def test_an_input_out_of_memory_even_alone_is_a_failed_record_not_a_loop(make_jo
         rows = prediction_rows(client, job_id)
     # Every example failed: the job failed, with the first reasons, and ROUGE over nothing is not claimed.
     assert view["status"] == "failed" and view["progress"]["failed"] == 3 and view["rouge"] is None
-    assert view["error"].startswith("all 3 examples failed; the first: 'doc-") and view["error"].count("even in a batch of one") == 3
+    assert view["error"].startswith("all 3 examples failed; the first: 'doc-")
+    assert view["error"].count("even in a batch of one") == 3
     assert all(row["error"] and "out of memory" in row["error"] for row in rows)
     assert max(calls) == 3 and calls.count(1) == 3  # halved down to one input, each tried once alone
 

@@ -1,4 +1,4 @@
-"""Helpers and fixtures of the evaluation-job tests (shared by tests/app/jobs and tests/app/routes/test_evaluate.py)."""
+"""Helpers and fixtures of the evaluation-job tests (shared by tests/app/jobs and the /evaluate route tests)."""
 
 from __future__ import annotations
 

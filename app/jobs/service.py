@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from app.errors import ApiError
 from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, PoolBusy
-from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, unreadable
+from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
 from app.jobs.runner import JobRunner, RunnerConfig
 from app.jobs.schema import SchemaTooNew
 from app.jobs.schemas import EvaluateRequest
@@ -325,7 +325,7 @@ class JobService:
         self._check_available()
         job = self.store.get(job_id)
         if job is None or job["status"] == "loading":
-            raise ApiError(404, "job_not_found", f"no evaluation job {job_id!r}")
+            raise ApiError(404, "job_not_found", f"no evaluation job {shown(job_id)}")
         return job
 
     def _replay(self, job: dict, key: str, request_hash: str) -> dict:

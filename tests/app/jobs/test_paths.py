@@ -43,6 +43,8 @@ def test_files_inside_resolve_to_their_real_path(tree, name, target):
     ("up", "leads outside the data directory"),
     ("", "empty"),
     ("a\x00.jsonl", "NUL"),
+    ("a\ud800.jsonl", "not valid Unicode"),
+    ("a/" * 3000 + "x.jsonl", "longer than 4096 bytes"),
 ])  # fmt: skip
 def test_names_leading_out_are_refused(tree, name, words):
     with pytest.raises(PathRefused, match=words):

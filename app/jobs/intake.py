@@ -55,6 +55,10 @@ class LoadAbandoned(RuntimeError):
     """The loading job was taken away (its lease ran out) before its records were all copied."""
 
 
+class LoadCancelled(Exception):
+    """The submission was withdrawn (its request's deadline passed, or its client left) while loading."""
+
+
 class Intake:
     """Copies a submission's records into `store` under `owner`'s lease (see the module docstring)."""
 
@@ -64,18 +68,20 @@ class Intake:
         self.owner = owner
         self.lease_s = lease_s
 
-    def load(self, job: NewJob, records: RecordStream) -> tuple[dict, bool]:
+    def load(self, job: NewJob, records: RecordStream,
+             cancelled: threading.Event | None = None) -> tuple[dict, bool]:
         """Create `job` with the records of `records`; ``(queued job, True)``, or ``(existing, False)``
         when its idempotency key is taken (nothing is read then).
 
         Raises ValueError for bad records (a duplicate id, too many records, what the source
-        raises), `sqlite3.Error` when the store fails; nothing of the job is left behind.
+        raises), `sqlite3.Error` when the store fails, `LoadCancelled` once `cancelled` is set
+        (checked at every record); nothing of the job is left behind.
         """
         created, new = self.store.begin(job, self.owner, self.lease_s)
         if not new:
             return created, False
         try:
-            total = self._copy(job.id, records)
+            total = self._copy(job.id, records, cancelled or threading.Event())
             sealed = self.store.seal(job.id, self.owner, total)
             if sealed is None:
                 raise LoadAbandoned(f"job {job.id} was discarded while loading (its loader's lease ran out)")
@@ -85,7 +91,7 @@ class Intake:
         logger.info("job %s queued: %d examples from %s", job.id, total, records.source)
         return sealed, True
 
-    def _copy(self, job_id: str, records: RecordStream) -> int:
+    def _copy(self, job_id: str, records: RecordStream, cancelled: threading.Event) -> int:
         limits = self.limits
         chunk: list[StoredRecord] = []
         chars, total = 0, 0
@@ -97,6 +103,8 @@ class Intake:
             stored = self.check(position, record)
             chunk.append(stored)
             chars += len(stored.record.text)
+            if cancelled.is_set():
+                raise LoadCancelled(job_id)
             if (len(chunk) >= limits.chunk_records or chars >= limits.chunk_chars
                     or time.monotonic() - flushed > self.lease_s / 3):
                 total += self._flush(job_id, chunk)

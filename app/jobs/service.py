@@ -18,6 +18,7 @@ and never a path; a file's OS error is a 422 naming the file as the client gave 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -33,7 +34,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from app.errors import ApiError
-from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, PoolBusy
+from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
 from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
 from app.jobs.runner import JobRunner, RunnerConfig
 from app.jobs.schema import SchemaTooNew
@@ -182,14 +183,19 @@ class JobService:
                 raise ApiError(422, "dataset_not_allowed", f"{error.field}: {error.message}",
                                field=error.field) from None
         pool = self._pools["hub" if spec.source == "hub" else "local"]
+        cancelled = threading.Event()
         try:
-            return await pool.run(self._submit, body, idempotency_key)
+            return await pool.run(self._submit, body, idempotency_key, cancelled)
+        except asyncio.CancelledError:  # the deadline passed or the client left: stop loading, keep nothing
+            cancelled.set()
+            raise
         except PoolBusy:
             kind = "hub datasets" if spec.source == "hub" else "datasets"
             raise ApiError(429, "loaders_busy", f"the server is loading as many {kind} as it may at once "
                            "(BART_OPT_DATASET_LOADERS); retry shortly", headers=_RETRY_AFTER) from None
 
-    def _submit(self, body: EvaluateRequest, idempotency_key: str | None) -> tuple[dict, bool]:
+    def _submit(self, body: EvaluateRequest, idempotency_key: str | None,
+                cancelled: threading.Event) -> tuple[dict, bool]:
         """The blocking part of `submit`, on a loading pool's thread."""
         with self._store_errors():
             request_hash = _hash(body)
@@ -205,7 +211,7 @@ class JobService:
             with self._dataset_errors(body) as where:
                 records = self._open(body)
                 try:
-                    job, created = self.intake.load(new, records)
+                    job, created = self.intake.load(new, records, cancelled)
                 finally:
                     records.close()
             if not created:
@@ -234,7 +240,7 @@ class JobService:
         where = f"dataset.{spec.source}"
         try:
             yield where
-        except (sqlite3.Error, ApiError):
+        except (sqlite3.Error, ApiError, LoadCancelled):
             raise
         except PathRefused as error:
             raise ApiError(422, "path_not_allowed", f"{where}: {error}", field=where) from error

@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from bart_opt.data import iter_records
 from tests.app.helpers import FAST, articles, async_serving, serving, until
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
     cnn_rows,
@@ -255,3 +256,33 @@ def test_no_response_names_a_server_path(make_jobs_app, data_dir, tmp_path):
         answers.append(client.get("/evaluate/nope"))
     for response in answers:
         assert 400 <= response.status_code < 500 and str(tmp_path) not in response.text, response.text
+
+
+def test_a_submission_past_its_deadline_stops_loading_and_leaves_no_job(make_jobs_app, data_dir, monkeypatch):
+    """The deadline middleware cancels the request; the loading thread sees it and discards the job."""
+    (data_dir / "many.jsonl").write_text("".join(json.dumps(row) + "\n" for row in cnn_rows(400, seed=43)))
+    read = []
+
+    def slow(file, name, max_line_bytes, **options):
+        """The file's rows from a slow disk: 400 records take 4 s."""
+        def rows():
+            for row in map(json.loads, file.open()):
+                read.append(row["id"])
+                time.sleep(0.01)
+                yield row
+
+        return iter_records(records=rows(), **options)
+
+    monkeypatch.setattr("app.jobs.service.iter_records", slow)
+    with serving(make_jobs_app(request_timeout_s=0.5)) as client:
+        response = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}})
+        seen, deadline = -1, time.monotonic() + 10
+        while len(read) != seen and time.monotonic() < deadline:  # until reading stops
+            seen = len(read)
+            time.sleep(0.3)
+        listed = client.get("/evaluate").json()["jobs"]
+        with client.app.state.jobs.store._read() as connection:
+            left = [connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("jobs", "records")]
+    assert response.status_code == 504, response.text
+    assert len(read) < 400  # it stopped reading long before the end
+    assert listed == [] and left == [0, 0]

@@ -2,8 +2,8 @@
 
 A real uvicorn server on the demo model, with an API key (so that the auth checks have something
 to check) and a small cost budget (so that schema-valid requests stay quick), gets the command in
-the README, run from the repository root where ``schemathesis.toml`` (checks' settings, seed,
-example count) and ``tests/app/schemathesis_hooks.py`` (realistic jobs) are. The run must end
+the README, run from the repository root with ``tests/app/schemathesis.toml`` (checks' settings,
+seed, example count; its hooks in ``tests/app/schemathesis_hooks.py`` make realistic jobs). The run must end
 with no failure, and its stateful phase must have chained real jobs into the other job routes.
 """
 
@@ -19,6 +19,7 @@ from pathlib import Path
 from tests.app.helpers import live_server
 
 ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "tests" / "app" / "schemathesis.toml"
 
 
 def test_schemathesis_finds_nothing_against_the_live_service(make_app, tmp_path):
@@ -28,12 +29,13 @@ def test_schemathesis_finds_nothing_against_the_live_service(make_app, tmp_path)
     app = make_app(api_key="contract-key", db=str(tmp_path / "jobs.db"), data_dir=str(data), max_request_cost=2000)
     with live_server(app) as (host, port):
         run = subprocess.run(
-            [sys.executable, "-m", "schemathesis.cli", "run", f"http://{host}:{port}/openapi.json", "--no-color"],
+            [sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "run",
+             f"http://{host}:{port}/openapi.json", "--no-color"],
             cwd=ROOT, env={**os.environ, "BART_OPT_API_KEY": "contract-key"},
             capture_output=True, text=True, timeout=480,
         )  # fmt: skip
     report = run.stdout + run.stderr
     assert run.returncode == 0, report
-    assert "Configuration:    " + str(ROOT / "schemathesis.toml") in report, report
+    assert "Configuration:    " + str(CONFIG) in report, report
     covered = re.search(r"API Links:\s+(\d+) covered", report)
     assert covered and int(covered.group(1)) > 0, report  # POST /evaluate's jobs were read, streamed, cancelled

@@ -5,9 +5,11 @@ from __future__ import annotations
 import nltk
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rouge_score import rouge_scorer, scoring
 
-from bart_opt.rouge import RougeScorer, UnicodeWordTokenizer, split_sentences
+from bart_opt.rouge import RougeScorer, UnicodeWordTokenizer, fast_rouge, split_sentences
 
 PAIRS = [
     (  # prose prediction against a CNN/DM-style newline reference
@@ -205,3 +207,69 @@ def test_nothing_is_loaded_or_downloaded(monkeypatch):
     monkeypatch.setattr(nltk.data, "find", refuse)
     assert len(split_sentences("One. Two. Three.")) == 3
     assert RougeScorer().score(*PAIRS[0])["rougeLsum"]["fmeasure"] > 0
+
+
+# Backends: rouge-score-rs must give exactly rouge-score's numbers through our settings.
+needs_rust_backend = pytest.mark.skipif(fast_rouge is None, reason="rouge-score-rs has no wheel for this platform")
+EDGE_CASES = [
+    ("", ""), ("", "the cat sat"), ("the cat sat", ""), ("   \n\t", "\n\n"), ("...", "!!! ??? --- —"),
+    ("THE CAT SAT.", "the cat sat."), ("Running runners ran", "run running runs"),
+    ("ponies caresses generalizations oscillators", "pony caress generalization oscillate"),
+    ("dying lying skies agreed", "die lie sky agree"), ("3.14 1,000,000 2nd 42", "3 14 1 000 000 2nd 42"),
+    ("$5.00 for 10% off", "5 00 for 10 off"), ("Café naïve résumé façade", "cafe naive resume facade"),
+    ("Straße groß ẞ", "strasse gross"), ("İstanbul ıi İI", "istanbul ii"), ("KELVIN K ﬁnance ﬂow", "k finance flow"),
+    ("Привет мир", "привет мир"), ("東京は日本の首都です。", "東京は首都"), ("ΣΊΣΥΦΟΣ σίσυφος", "sisyphus"),
+    ("emoji 😀 test 👍🏽 ok", "emoji test ok"), ("don't can't won't it's", "do not cannot it is"),
+    ("e-mail co-operate re-enter", "email cooperate reenter"), ("the the the the", "the"), ("x" * 300, "x" * 300),
+    ("Line one.\nLine two.\n\nLine three.", "Line two.\nLine one."), ("U.S. officials said 3 p.m. Monday.", "Monday."),
+    ("a\u00a0b\u2009c\u200bd", "a b c d"), ("①②③ ⅷ ²³ ０１２３ ＡＢＣ", "1 2 3 0123 abc"), ("\ud800 lone surrogate", "lone"),
+    ("x1y2z3 abc123 123abc", "x1y2z3 abc 123"), ("'quoted' \"double\" (paren) [b] {c}", "quoted double paren b c"),
+    ("hello\r\nworld\rreturn", "hello world return"),
+]
+
+
+def backend_corpus() -> list[tuple[str, str]]:
+    """Edge cases plus 200 CNN-like (prediction, reference) pairs of varied overlap."""
+    import random
+
+    from bart_opt.demo import random_sentence
+
+    rng = random.Random(0)
+    pairs = list(EDGE_CASES)
+    for _ in range(200):
+        article = [random_sentence(rng) for _ in range(rng.randint(3, 12))]
+        reference = "\n".join(rng.sample(article, 3 if len(article) >= 3 else 1))
+        words = " ".join(article[: rng.randint(1, len(article))]).split()
+        prediction = " ".join(w for w in words if rng.random() > 0.15)
+        pairs.append((prediction, reference))
+    return pairs
+
+
+@pytest.mark.parametrize("options", [{}, {"use_stemmer": False}, {"tokenizer": UnicodeWordTokenizer()}],
+                         ids=["stemmer", "no-stemmer", "unicode-tokenizer"])
+@needs_rust_backend
+def test_rust_backend_scores_are_identical_to_rouge_score(options):
+    pairs = backend_corpus()
+    fast, reference = RougeScorer(backend="rouge-score-rs", **options), RougeScorer(backend="rouge-score", **options)
+    fast_items = [fast.score(p, r) for p, r in pairs]
+    reference_items = [reference.score(p, r) for p, r in pairs]
+    mismatches = [(p, r) for (p, r), a, b in zip(pairs, fast_items, reference_items) if a != b]
+    assert mismatches == []
+    assert sum(item["rouge2"]["fmeasure"] > 0 for item in reference_items) > 150  # overlap, not only zeros
+    assert fast.aggregate(fast_items) == reference.aggregate(reference_items)
+
+
+@needs_rust_backend
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80),
+       st.text(alphabet=st.sampled_from("abc dEF 12 .\néü-'Ωж"), max_size=80))
+def test_rust_backend_matches_on_arbitrary_text(prediction, reference):
+    assert RougeScorer(backend="rouge-score-rs").score(prediction, reference) == RougeScorer(
+        backend="rouge-score").score(prediction, reference)
+
+
+@needs_rust_backend
+def test_rust_backend_is_the_default_where_installed():
+    assert RougeScorer().backend == "rouge-score-rs"
+    with pytest.raises(ValueError, match="backend 'rouge'"):
+        RougeScorer(backend="rouge")

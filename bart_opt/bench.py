@@ -18,6 +18,11 @@ counter; the best time is reported. Both engines load the same checkpoint folder
 
     python -m bart_opt.bench --size tiny --json bench.json --plot bench.png
     bart-opt bench --size large --device cuda --dtype float16
+
+With ``--peers ctranslate2`` it compares engines instead (transformers, bart_opt in float32 and
+bfloat16, CTranslate2 in float32 and int8) on a CNN-like workload: see :mod:`bart_opt.bench_peers`.
+
+    bart-opt bench --peers ctranslate2 --json peers.json
 """
 
 from __future__ import annotations
@@ -53,11 +58,14 @@ CNN_SETTINGS = {"num_beams": 4, "length_penalty": 2.0, "min_length": 56, "max_le
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt")
 LENGTH_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # uneven inputs, the longest sets the padded length
+PEERS = ("ctranslate2",)  # engines --peers can add; see bench_peers.py
+DEFAULT_PEERS_EOS_BIAS = 1.5  # random bart-base weights then stop after 75-110 tokens instead of running to 142
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="bart-opt bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=sorted(SIZES), default="large", help="random-weight model shape (default large)")
+    p.add_argument("--size", choices=sorted(SIZES),
+                   help="random-weight model shape (default large; base with --peers)")
     p.add_argument("--model", help="a real checkpoint folder or hub id instead of random weights")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
@@ -67,15 +75,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-throughput", action="store_true", help="leave out throughput_cnn")
     p.add_argument("--throughput-batch-size", type=int, help="batch for throughput_cnn (default --batch-size)")
     p.add_argument("--throughput-max-len", type=int, help="input length for throughput_cnn (default --max-len)")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="timed runs per task and engine, best kept; 0 reports the time of the memory run")
+    p.add_argument("--repeats", type=int,
+                   help="timed runs per task and engine, best kept (default 1; 3 with --peers); "
+                        "0 reports the time of the memory run")
     p.add_argument("--skip-overhead", action="store_true", help="leave out the logging-overhead measurement")
     p.add_argument("--hf-no-cache", action="store_true",
                    help="call transformers' forward with use_cache=False (default: as users call it)")
-    p.add_argument("--eos-bias", type=float, default=0.0,
-                   help="random weights only: raise the EOS logit so beams finish at varied lengths")
+    p.add_argument("--eos-bias", type=float,
+                   help="random weights only: raise the EOS logit so beams finish at varied lengths "
+                        "(default 0; 1.5 with --peers)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, help="torch.set_num_threads")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's; 2 per engine with --peers)")
+    p.add_argument("--peers", type=_peer_list, default=[],
+                   help="compare with these engines on the CNN workload instead of running the tasks: ctranslate2")
+    p.add_argument("--docs", type=int, default=12, help="with --peers: documents in the batch (default 12)")
     p.add_argument("--json", dest="json_path", help="write the results as JSON here")
     p.add_argument("--plot", dest="plot_path", help="write a PNG: memory bars and memory over one generate call")
     args = p.parse_args(argv)
@@ -83,9 +96,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     unknown = sorted(set(args.tasks) - set(TASKS))
     if unknown:
         p.error(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
-    if args.batch_size < 1 or args.repeats < 0:
-        p.error("--batch-size must be >= 1 and --repeats >= 0")
+    peers = bool(args.peers)
+    args.size = args.size or ("base" if peers else "large")
+    args.repeats = (3 if peers else 1) if args.repeats is None else args.repeats
+    args.eos_bias = (DEFAULT_PEERS_EOS_BIAS if peers else 0.0) if args.eos_bias is None else args.eos_bias
+    if peers:
+        args.threads = args.threads or 2
+        args.max_len = args.max_len or DEFAULT_MAX_LEN[args.size]
+    if args.batch_size < 1 or args.repeats < 0 or args.docs < 1:
+        p.error("--batch-size and --docs must be >= 1 and --repeats >= 0")
     return args
+
+
+def _peer_list(text: str) -> list[str]:
+    names = [n for n in text.split(",") if n]
+    unknown = sorted(set(names) - set(PEERS)) if names else [repr(text)]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer(s) {', '.join(unknown)}; choose from {', '.join(PEERS)}")
+    return list(dict.fromkeys(names))
 
 
 def resolve_device(name: str) -> torch.device:
@@ -401,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args) -> int:
+    if args.peers:
+        return _bench_peers(args)
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="bart-opt-bench-") as tmp:
@@ -442,6 +472,19 @@ def _bench(args) -> int:
     if args.plot_path:
         write_plot(args.plot_path, results, plot_log, f"{config['model']}, {config['device']}, {config['dtype']}")
     return 0
+
+
+def _bench_peers(args) -> int:
+    import importlib.util
+
+    missing = [name for name in args.peers if importlib.util.find_spec(name) is None]
+    if missing:
+        print(f"bart-opt bench: --peers {','.join(missing)} needs {' '.join(missing)}: pip install 'bart-opt[peers]'",
+              file=sys.stderr)
+        return 2
+    from bart_opt import bench_peers
+
+    return bench_peers.run(args)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,10 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["LiveTensorCounter", "LoggingMixin", "MemoryLog", "format_bytes", "measure", "rss_bytes"]
+__all__ = [
+    "LiveTensorCounter", "LoggingMixin", "MemoryLog", "format_bytes", "measure", "peak_rss_bytes", "reset_peak_rss",
+    "rss_bytes",
+]
 
 ROW_FIELDS = ("msg", "t", "cpu_mem_bytes", "mem_bytes", "mem_peak_bytes")
 _PRINTED_ROWS = 20  # printing a log shows this many rows from each end
@@ -156,6 +159,37 @@ def rss_bytes() -> int:
 
 
 _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def peak_rss_bytes() -> int:
+    """The kernel's high-water mark of this process's resident set (``VmHWM``), in bytes.
+
+    Exact, not sampled: the kernel updates it on every page fault. It covers everything the
+    process holds, whichever library allocated it (torch, CTranslate2, the Python heap), since the
+    process started or since the last :func:`reset_peak_rss`. Falls back to ``getrusage``'s
+    ``ru_maxrss`` (never reset) where ``/proc/self/status`` does not exist.
+    """
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Start a new :func:`peak_rss_bytes` window at the current RSS; False where the kernel cannot.
+
+    Writes ``5`` to ``/proc/self/clear_refs`` (Linux 4.0 and later).
+    """
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as clear_refs:
+            clear_refs.write("5")
+    except OSError:
+        return False
+    return True
 
 
 def format_bytes(nbytes: float) -> str:

@@ -1,0 +1,279 @@
+"""``bart-opt bench --peers ctranslate2``: bart_opt against other engines on a CNN-like workload.
+
+The workload: one checkpoint (random weights of a named shape, bart-base by default, with the
+end-of-sequence logit raised so that summaries end at varied, realistic lengths; or a real
+folder with ``--model``), 12 documents of CNN/DailyMail-like length (453 to 1024 tokens) in one
+batch, generated at the CNN settings (4 beams, length_penalty 2.0, min_length 56, max_length
+142, no_repeat_ngram_size 3). Engines: transformers float32 (the reference), bart_opt float32
+and bfloat16, and each peer (CTranslate2 float32 and int8).
+
+Each engine runs in a process of its own with the same thread count, so that its memory can be
+measured the same way whatever allocates it: the peak RSS of one generate call above the RSS
+before the call (weights loaded, inputs built), read from the kernel's exact high-water mark
+(:func:`bart_opt.memory.peak_rss_bytes`, reset just before the call). For the torch engines the
+peak of live tensor bytes (:class:`bart_opt.memory.LiveTensorCounter`) is reported too. That first
+call, untimed, also warms the engine up; then the engines take turns for ``--repeats`` timed
+calls each, so that a busy machine slows them alike, and the best time and the spread of the
+runs are reported, with the CPU time of the best run (all threads: on a shared machine it moves
+less than wall time). Outputs are compared token for token with transformers float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bart_opt.memory import format_bytes
+from bart_opt.peers import EngineSpec
+
+# Token counts of 12 CNN/DailyMail-like articles after truncation to 1024 (9,537 tokens in all).
+CNN_DOC_LENGTHS = (1024, 1024, 1024, 1024, 951, 868, 780, 712, 640, 575, 462, 453)
+PEER_DTYPES = {"ctranslate2": ("float32", "int8")}
+OURS = (EngineSpec("bart_opt", "float32"), EngineSpec("bart_opt", "bfloat16"))
+REFERENCE = EngineSpec("transformers", "float32")
+
+
+def engine_specs(peers: list[str]) -> list[EngineSpec]:
+    """The reference, bart_opt in both dtypes, then every dtype of each peer."""
+    return [REFERENCE, *OURS, *(EngineSpec(p, d) for p in peers for d in PEER_DTYPES[p])]
+
+
+def doc_lengths(count: int, max_len: int) -> list[int]:
+    """`count` CNN-like lengths scaled so that the longest is `max_len` (cycling past 12)."""
+    return [max(3, round(CNN_DOC_LENGTHS[i % len(CNN_DOC_LENGTHS)] * max_len / 1024)) for i in range(count)]
+
+
+def make_docs(config, count: int, max_len: int, seed: int) -> list[list[int]]:
+    """Random token ids, bos ... eos like a tokenizer's output, of :func:`doc_lengths`."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    docs = []
+    for n in doc_lengths(count, max_len):
+        ids = torch.randint(4, config.vocab_size, (n,), generator=gen)
+        ids[0], ids[-1] = config.bos_token_id, config.eos_token_id
+        docs.append(ids.tolist())
+    return docs
+
+
+class Worker:
+    """One engine in its own process, driven over a pipe (``python -m bart_opt.bench_peers JOB``)."""
+
+    def __init__(self, spec: EngineSpec, job: dict):
+        self.spec = spec
+        env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "TOKENIZERS_PARALLELISM": "false"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "bart_opt.bench_peers", json.dumps({**job, "engine": vars(spec)})],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+        )
+        self.first = self._receive()  # sent after loading and the memory run
+
+    def _receive(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"{self.spec.label} worker exited with status {self.proc.wait()} (see its stderr above)")
+        return json.loads(line)
+
+    def run(self) -> dict:
+        """One timed generate call: ``{"seconds", "cpu_seconds", "same_as_first"}``."""
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        return self._receive()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _worker_main(job: dict) -> None:
+    """Load one engine, measure one call's memory, then answer ``run`` lines until stdin closes."""
+    reply = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything a library prints goes to stderr; the pipe carries only replies
+    sys.stdout = sys.stderr
+    import torch
+
+    from bart_opt.memory import LiveTensorCounter, peak_rss_bytes, reset_peak_rss, rss_bytes
+    from bart_opt.peers import load_engine
+
+    torch.set_num_threads(job["threads"])
+    spec = EngineSpec(**job["engine"])
+    uses_torch = spec.name != "ctranslate2"
+    # Imports first, so that the RSS they add counts neither as loaded weights nor in the peak.
+    import transformers.models.bart.modeling_bart  # noqa: F401  (every engine reads the config with it)
+
+    if uses_torch:
+        with LiveTensorCounter():  # the first use imports torch._dynamo
+            pass
+    else:
+        import ctranslate2  # noqa: F401
+    start_rss = rss_bytes()
+    engine = load_engine(spec, job["folder"], job["generation"], job["threads"], job.get("ct2_folder"))
+    engine.prepare(json.loads(Path(job["inputs"]).read_text()))
+    gc.collect()
+    loaded_rss = rss_bytes()
+    counter = LiveTensorCounter() if uses_torch else contextlib.nullcontext()
+    exact_peak = reset_peak_rss()
+    start = time.perf_counter()
+    with counter:
+        first = engine.generate()
+    seconds = time.perf_counter() - start
+    peak = peak_rss_bytes()
+
+    def send(message: dict) -> None:
+        reply.write(json.dumps(message) + "\n")
+        reply.flush()
+
+    send({"outputs": first, "memory_run_seconds": seconds, "loaded_bytes": loaded_rss - start_rss,
+          "peak_rss_bytes": peak - loaded_rss, "peak_rss_source": "VmHWM reset" if exact_peak else "VmHWM since start",
+          "peak_tensor_bytes": counter.peak_bytes if uses_torch else None})
+    for line in sys.stdin:
+        if line.strip() == "run":
+            start, cpu_start = time.perf_counter(), time.process_time()
+            out = engine.generate()
+            send({"seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start,
+                  "same_as_first": out == first})
+
+
+def result_row(spec: EngineSpec, first: dict, runs: list[dict], reference: list[list[int]]) -> dict:
+    """The table row of one engine from its worker's replies; outputs compared with `reference`."""
+    outputs = first["outputs"]
+    seconds = [r["seconds"] for r in runs] or [first["memory_run_seconds"]]
+    best = min(seconds)
+    cpu = [r["cpu_seconds"] for r in runs]
+    generated = sum(len(seq) - 1 for seq in outputs)  # tokens after the decoder start token
+    same = [a == b for a, b in zip(outputs, reference)]
+    return {
+        "engine": spec.name, "dtype": spec.dtype, "label": spec.label,
+        "seconds": best, "seconds_runs": seconds, "spread": max(seconds) - best, "timed_runs": len(runs),
+        "cpu_seconds": min(cpu) if cpu else None, "cpu_seconds_runs": cpu,
+        "docs": len(outputs), "docs_per_s": len(outputs) / best, "generated_tokens": generated,
+        "tokens_per_s": generated / best, "output_lengths": [len(seq) for seq in outputs],
+        "loaded_bytes": first["loaded_bytes"], "peak_rss_bytes": first["peak_rss_bytes"],
+        "peak_rss_source": first["peak_rss_source"], "peak_tensor_bytes": first["peak_tensor_bytes"],
+        "identical_to_reference": sum(same), "identical_docs": same,
+        "deterministic": all(r["same_as_first"] for r in runs),
+    }
+
+
+def targets(rows: list[dict]) -> dict:
+    """The speed ratios the issue sets targets for, where both engines ran."""
+    by = {(r["engine"], r["dtype"]): r for r in rows}
+    pairs = {"bart_opt_float32_vs_ctranslate2_float32": (("bart_opt", "float32"), ("ctranslate2", "float32"), 1.0),
+             "bart_opt_bfloat16_vs_ctranslate2_int8": (("bart_opt", "bfloat16"), ("ctranslate2", "int8"), 1.3)}
+    out = {}
+    for name, (ours, peer, goal) in pairs.items():
+        if ours in by and peer in by:
+            ratio = by[peer]["seconds"] / by[ours]["seconds"]
+            out[name] = {"speed_ratio": ratio, "target": goal, "met": ratio >= goal}
+    return out
+
+
+def format_table(config: dict, rows: list[dict]) -> str:
+    """Markdown: one row per engine, then the target ratios."""
+    ref = next(r for r in rows if (r["engine"], r["dtype"]) == (REFERENCE.name, REFERENCE.dtype))
+    lines = [
+        f"### bart-opt bench --peers: {config['model']}, {config['docs']} documents of {config['min_doc_len']}-"
+        f"{config['max_doc_len']} tokens ({config['input_tokens']} in all), {config['threads']} thread(s) each",
+        f"CNN settings: {config['settings_text']}; time = best of {config['repeats']} timed run(s), engines taking "
+        "turns; memory = peak RSS of the first call above the RSS with weights and inputs loaded (own process "
+        "per engine), and for torch engines the peak of live tensor bytes",
+        "",
+        "| engine | dtype | seconds (best) | spread of runs | CPU seconds (best) | docs/s | generated tokens/s "
+        "| speed vs transformers | RSS of weights+inputs | peak RSS above that | peak live tensors "
+        "| same ids as transformers fp32 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        runs = r["seconds_runs"]
+        spread = f"{min(runs):.2f}-{max(runs):.2f}" if len(runs) > 1 else "1 run"
+        tensors = format_bytes(r["peak_tensor_bytes"]) if r["peak_tensor_bytes"] is not None else "n/a"
+        cpu = f"{r['cpu_seconds']:.2f}" if r["cpu_seconds"] is not None else "n/a"
+        lines.append(
+            f"| {r['engine']} | {r['dtype']} | {r['seconds']:.2f} | {spread} | {cpu} | {r['docs_per_s']:.3f} | "
+            f"{r['tokens_per_s']:.1f} | {ref['seconds'] / r['seconds']:.2f}x | {format_bytes(r['loaded_bytes'])} | "
+            f"{format_bytes(r['peak_rss_bytes'])} | {tensors} | {r['identical_to_reference']}/{r['docs']} |"
+        )
+    goals = targets(rows)
+    if goals:
+        lines += ["", "| target | speed ratio | goal | met |", "|---|---:|---:|---|"]
+        for name, t in goals.items():
+            lines.append(f"| {name} | {t['speed_ratio']:.2f}x | >= {t['target']:.1f}x | {'yes' if t['met'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    """The peer comparison for ``bart-opt bench --peers`` (options parsed by bench.py); exit status."""
+    from transformers import BartConfig
+
+    from bart_opt.bench import CNN_SETTINGS, build_random_checkpoint
+    from bart_opt.peers import checkpoint_settings, convert_to_ct2, ct2_options
+
+    specs = engine_specs(args.peers)
+    cnn_settings = dict(CNN_SETTINGS)
+    with tempfile.TemporaryDirectory(prefix="bart-opt-peers-") as tmp:
+        folder = args.model or build_random_checkpoint(tmp, args.size, args.seed, args.eos_bias)
+        try:
+            cfg = BartConfig.from_pretrained(folder)
+        except (OSError, ValueError) as exc:
+            print(f"bart-opt bench: cannot load {folder}: {exc}", file=sys.stderr)
+            return 2
+        max_len = min(args.max_len, cfg.max_position_embeddings)
+        docs = make_docs(cfg, args.docs, max_len, args.seed)
+        inputs = Path(tmp, "inputs.json")
+        inputs.write_text(json.dumps(docs))
+        job = {"folder": folder, "inputs": str(inputs), "generation": cnn_settings, "threads": args.threads}
+        if "ctranslate2" in args.peers:
+            print("converting the checkpoint for CTranslate2 ...", file=sys.stderr, flush=True)
+            job["ct2_folder"] = convert_to_ct2(folder, str(Path(tmp, "ctranslate2")))
+        workers = []
+        try:
+            for spec in specs:
+                print(f"loading {spec.label} and measuring one call ...", file=sys.stderr, flush=True)
+                workers.append(Worker(spec, job))
+            runs = {w.spec: [] for w in workers}
+            for repeat in range(args.repeats):
+                for w in workers:
+                    runs[w.spec].append(w.run())
+                    print(f"  run {repeat + 1}: {w.spec.label} {runs[w.spec][-1]['seconds']:.2f} s", file=sys.stderr)
+        finally:
+            for w in workers:
+                w.close()
+        settings = checkpoint_settings(folder, cnn_settings)
+    reference = workers[0].first["outputs"]
+    rows = [result_row(w.spec, w.first, runs[w.spec], reference) for w in workers]
+    lengths = [len(d) for d in docs]
+    config = {
+        "model": args.model or f"random {args.size} (eos bias {args.eos_bias})", "docs": len(docs),
+        "doc_lengths": lengths, "min_doc_len": min(lengths), "max_doc_len": max(lengths), "input_tokens": sum(lengths),
+        "padded_positions": len(docs) * max(lengths), "threads": args.threads, "repeats": args.repeats,
+        "generation": cnn_settings, "settings_text": ", ".join(f"{k} {v}" for k, v in cnn_settings.items()),
+        "ctranslate2_options": ct2_options(settings) if "ctranslate2" in args.peers else None,
+        "versions": _versions(args.peers),
+    }
+    print(format_table(config, rows))
+    if args.json_path:
+        payload = {"config": config, "results": rows, "targets": targets(rows)}
+        Path(args.json_path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _versions(peers: list[str]) -> dict:
+    import importlib.metadata as md
+
+    return {name: md.version(name) for name in ("torch", "transformers", *peers)}
+
+
+if __name__ == "__main__":
+    _worker_main(json.loads(sys.argv[1]))

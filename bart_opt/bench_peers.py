@@ -10,9 +10,11 @@ and bfloat16, and each peer (CTranslate2 float32 and int8).
 Each engine runs in a process of its own with the same thread count, so that its memory can be
 measured the same way whatever allocates it: the peak RSS of one generate call above the RSS
 before the call (weights loaded, inputs built), read from the kernel's exact high-water mark
-(:func:`bart_opt.memory.peak_rss_bytes`, reset just before the call). For the torch engines the
-peak of live tensor bytes (:class:`bart_opt.memory.LiveTensorCounter`) is reported too. That first
-call, untimed, also warms the engine up; then the engines take turns for ``--repeats`` timed
+(:func:`bart_opt.memory.peak_rss_bytes`, reset just before the call). RSS is the one measure that
+sees every allocator alike (torch's, CTranslate2's, the Python heap); torch's live tensor bytes, which
+``bart-opt bench`` without ``--peers`` reports for transformers and bart_opt, would leave CTranslate2
+out, and counting them triples transformers' run time here. That first call, untimed, also warms
+the engine up; then the engines take turns for ``--repeats`` timed
 calls each, so that a busy machine slows them alike, and the best time and the spread of the
 runs are reported, with the CPU time of the best run (all threads: on a shared machine it moves
 less than wall time). Outputs are compared token for token with transformers float32.
@@ -104,30 +106,24 @@ def _worker_main(job: dict) -> None:
     sys.stdout = sys.stderr
     import torch
 
-    from bart_opt.memory import LiveTensorCounter, peak_rss_bytes, reset_peak_rss, rss_bytes
+    from bart_opt.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
     from bart_opt.peers import load_engine
 
     torch.set_num_threads(job["threads"])
     spec = EngineSpec(**job["engine"])
-    uses_torch = spec.name != "ctranslate2"
     # Imports first, so that the RSS they add counts neither as loaded weights nor in the peak.
     import transformers.models.bart.modeling_bart  # noqa: F401  (every engine reads the config with it)
 
-    if uses_torch:
-        with LiveTensorCounter():  # the first use imports torch._dynamo
-            pass
-    else:
+    if spec.name == "ctranslate2":
         import ctranslate2  # noqa: F401
     start_rss = rss_bytes()
     engine = load_engine(spec, job["folder"], job["generation"], job["threads"], job.get("ct2_folder"))
     engine.prepare(json.loads(Path(job["inputs"]).read_text()))
     gc.collect()
     loaded_rss = rss_bytes()
-    counter = LiveTensorCounter() if uses_torch else contextlib.nullcontext()
     exact_peak = reset_peak_rss()
     start = time.perf_counter()
-    with counter:
-        first = engine.generate()
+    first = engine.generate()
     seconds = time.perf_counter() - start
     peak = peak_rss_bytes()
 
@@ -136,8 +132,7 @@ def _worker_main(job: dict) -> None:
         reply.flush()
 
     send({"outputs": first, "memory_run_seconds": seconds, "loaded_bytes": loaded_rss - start_rss,
-          "peak_rss_bytes": peak - loaded_rss, "peak_rss_source": "VmHWM reset" if exact_peak else "VmHWM since start",
-          "peak_tensor_bytes": counter.peak_bytes if uses_torch else None})
+          "peak_rss_bytes": peak - loaded_rss, "peak_rss_source": "VmHWM reset" if exact_peak else "VmHWM since start"})
     for line in sys.stdin:
         if line.strip() == "run":
             start, cpu_start = time.perf_counter(), time.process_time()
@@ -161,7 +156,7 @@ def result_row(spec: EngineSpec, first: dict, runs: list[dict], reference: list[
         "docs": len(outputs), "docs_per_s": len(outputs) / best, "generated_tokens": generated,
         "tokens_per_s": generated / best, "output_lengths": [len(seq) for seq in outputs],
         "loaded_bytes": first["loaded_bytes"], "peak_rss_bytes": first["peak_rss_bytes"],
-        "peak_rss_source": first["peak_rss_source"], "peak_tensor_bytes": first["peak_tensor_bytes"],
+        "peak_rss_source": first["peak_rss_source"],
         "identical_to_reference": sum(same), "identical_docs": same,
         "deterministic": all(r["same_as_first"] for r in runs),
     }
@@ -188,22 +183,20 @@ def format_table(config: dict, rows: list[dict]) -> str:
         f"{config['max_doc_len']} tokens ({config['input_tokens']} in all), {config['threads']} thread(s) each",
         f"CNN settings: {config['settings_text']}; time = best of {config['repeats']} timed run(s), engines taking "
         "turns; memory = peak RSS of the first call above the RSS with weights and inputs loaded (own process "
-        "per engine), and for torch engines the peak of live tensor bytes",
+        "per engine)",
         "",
         "| engine | dtype | seconds (best) | spread of runs | CPU seconds (best) | docs/s | generated tokens/s "
-        "| speed vs transformers | RSS of weights+inputs | peak RSS above that | peak live tensors "
-        "| same ids as transformers fp32 |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| speed vs transformers | RSS of weights+inputs | peak RSS above that | same ids as transformers fp32 |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         runs = r["seconds_runs"]
         spread = f"{min(runs):.2f}-{max(runs):.2f}" if len(runs) > 1 else "1 run"
-        tensors = format_bytes(r["peak_tensor_bytes"]) if r["peak_tensor_bytes"] is not None else "n/a"
         cpu = f"{r['cpu_seconds']:.2f}" if r["cpu_seconds"] is not None else "n/a"
         lines.append(
             f"| {r['engine']} | {r['dtype']} | {r['seconds']:.2f} | {spread} | {cpu} | {r['docs_per_s']:.3f} | "
             f"{r['tokens_per_s']:.1f} | {ref['seconds'] / r['seconds']:.2f}x | {format_bytes(r['loaded_bytes'])} | "
-            f"{format_bytes(r['peak_rss_bytes'])} | {tensors} | {r['identical_to_reference']}/{r['docs']} |"
+            f"{format_bytes(r['peak_rss_bytes'])} | {r['identical_to_reference']}/{r['docs']} |"
         )
     goals = targets(rows)
     if goals:

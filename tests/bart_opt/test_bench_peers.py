@@ -25,9 +25,9 @@ def test_engines_are_reference_ours_then_peers():
     assert [s.label for s in bench_peers.engine_specs([])] == labels[:3]
 
 
-def _first(outputs, peak_tensors=None) -> dict:
+def _first(outputs) -> dict:
     return {"outputs": outputs, "memory_run_seconds": 9.0, "loaded_bytes": 2**30, "peak_rss_bytes": 3 * 2**20,
-            "peak_rss_source": "VmHWM reset", "peak_tensor_bytes": peak_tensors}
+            "peak_rss_source": "VmHWM reset"}
 
 
 REFERENCE_OUT = [[2, 0, 5, 2], [2, 0, 6, 7, 2]]
@@ -43,8 +43,8 @@ def test_result_row_counts_identical_outputs_and_keeps_the_spread():
     assert row["cpu_seconds"] == 6.5
     assert row["identical_to_reference"] == 1 and row["identical_docs"] == [True, False]
     assert row["generated_tokens"] == 6 and row["tokens_per_s"] == 2.0 and row["docs_per_s"] == 2 / 3
-    assert row["deterministic"] is True and row["peak_tensor_bytes"] is None
-    unstable = bench_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT, 100),
+    assert row["deterministic"] is True and row["peak_rss_bytes"] == 3 * 2**20
+    unstable = bench_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT),
                                       [{"seconds": 1.0, "cpu_seconds": 2.0, "same_as_first": False}], REFERENCE_OUT)
     assert unstable["deterministic"] is False and unstable["identical_to_reference"] == 2
 
@@ -53,7 +53,7 @@ def _rows(seconds: dict) -> list[dict]:
     rows = []
     for spec in bench_peers.engine_specs(["ctranslate2"]):
         out = REFERENCE_OUT if spec.name != "ctranslate2" else [[2, 0, 9, 2], [2, 0, 6, 7, 2]]
-        first = _first(out, 2**20 if spec.name != "ctranslate2" else None)
+        first = _first(out)
         rows.append(bench_peers.result_row(spec, first, [{"seconds": seconds[spec.label], "cpu_seconds": 2 * seconds[spec.label],
                                                                  "same_as_first": True}],
                                            REFERENCE_OUT))
@@ -73,9 +73,8 @@ def test_targets_and_table():
               "threads": 2, "repeats": 1, "settings_text": "num_beams 4"}
     table = bench_peers.format_table(config, rows)
     assert "2 documents of 40-48 tokens (88 in all), 2 thread(s) each" in table
-    assert ("| bart_opt | float32 | 12.00 | 1 run | 24.00 | 0.167 | 0.6 | 7.50x | 1.00 GiB | 3.00 MiB | 1.00 MiB "
-            "| 2/2 |") in table
-    assert "| ctranslate2 | int8 | 9.00 | 1 run |" in table and "| n/a | 1/2 |" in table
+    assert "| bart_opt | float32 | 12.00 | 1 run | 24.00 | 0.167 | 0.6 | 7.50x | 1.00 GiB | 3.00 MiB | 2/2 |" in table
+    assert "| ctranslate2 | int8 | 9.00 | 1 run | 18.00 | 0.222 | 0.8 | 10.00x | 1.00 GiB | 3.00 MiB | 1/2 |" in table
     assert "| bart_opt_bfloat16_vs_ctranslate2_int8 | 1.12x | >= 1.3x | no |" in table
 
 
@@ -112,7 +111,7 @@ def test_tiny_peer_run_end_to_end(tmp_path, capsys):
         assert row["generated_tokens"] >= 2 * 56  # min_length 56 after the start token
         assert row["peak_rss_bytes"] > 0 and row["loaded_bytes"] > 0
         assert all(57 <= n <= 142 for n in row["output_lengths"])
-        assert (row["peak_tensor_bytes"] is None) == (row["engine"] == "ctranslate2")
+        assert row["peak_rss_source"] == "VmHWM reset"
     assert rows["transformers float32"]["identical_to_reference"] == 2
     assert rows["bart_opt float32"]["identical_to_reference"] == 2
     assert set(payload["targets"]) == {"bart_opt_float32_vs_ctranslate2_float32", "bart_opt_bfloat16_vs_ctranslate2_int8"}

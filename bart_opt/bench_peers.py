@@ -122,16 +122,17 @@ def _worker_main(job: dict) -> None:
     gc.collect()
     loaded_rss = rss_bytes()
     exact_peak = reset_peak_rss()
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     first = engine.generate()
-    seconds = time.perf_counter() - start
+    seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     peak = peak_rss_bytes()
 
     def send(message: dict) -> None:
         reply.write(json.dumps(message) + "\n")
         reply.flush()
 
-    send({"outputs": first, "memory_run_seconds": seconds, "loaded_bytes": loaded_rss - start_rss,
+    send({"outputs": first, "memory_run_seconds": seconds, "memory_run_cpu_seconds": cpu_seconds,
+          "loaded_bytes": loaded_rss - start_rss,
           "peak_rss_bytes": peak - loaded_rss, "peak_rss_source": "VmHWM reset" if exact_peak else "VmHWM since start"})
     for line in sys.stdin:
         if line.strip() == "run":
@@ -144,15 +145,15 @@ def _worker_main(job: dict) -> None:
 def result_row(spec: EngineSpec, first: dict, runs: list[dict], reference: list[list[int]]) -> dict:
     """The table row of one engine from its worker's replies; outputs compared with `reference`."""
     outputs = first["outputs"]
-    seconds = [r["seconds"] for r in runs] or [first["memory_run_seconds"]]
+    seconds = [r["seconds"] for r in runs] or [first["memory_run_seconds"]]  # --repeats 0: the memory run's
     best = min(seconds)
-    cpu = [r["cpu_seconds"] for r in runs]
+    cpu = [r["cpu_seconds"] for r in runs] or [first["memory_run_cpu_seconds"]]
     generated = sum(len(seq) - 1 for seq in outputs)  # tokens after the decoder start token
     same = [a == b for a, b in zip(outputs, reference)]
     return {
         "engine": spec.name, "dtype": spec.dtype, "label": spec.label,
         "seconds": best, "seconds_runs": seconds, "spread": max(seconds) - best, "timed_runs": len(runs),
-        "cpu_seconds": min(cpu) if cpu else None, "cpu_seconds_runs": cpu,
+        "cpu_seconds": min(cpu), "cpu_seconds_runs": cpu,
         "docs": len(outputs), "docs_per_s": len(outputs) / best, "generated_tokens": generated,
         "tokens_per_s": generated / best, "output_lengths": [len(seq) for seq in outputs],
         "loaded_bytes": first["loaded_bytes"], "peak_rss_bytes": first["peak_rss_bytes"],
@@ -181,8 +182,10 @@ def format_table(config: dict, rows: list[dict]) -> str:
     lines = [
         f"### bart-opt bench --peers: {config['model']}, {config['docs']} documents of {config['min_doc_len']}-"
         f"{config['max_doc_len']} tokens ({config['input_tokens']} in all), {config['threads']} thread(s) each",
-        f"CNN settings: {config['settings_text']}; time = best of {config['repeats']} timed run(s), engines taking "
-        "turns; memory = peak RSS of the first call above the RSS with weights and inputs loaded (own process "
+        f"CNN settings: {config['settings_text']}; time = "
+        + (f"best of {config['repeats']} timed run(s), engines taking turns" if config["repeats"]
+           else "the first (memory) run, engines one after the other")
+        + "; memory = peak RSS of the first call above the RSS with weights and inputs loaded (own process "
         "per engine)",
         "",
         "| engine | dtype | seconds (best) | spread of runs | CPU seconds (best) | docs/s | generated tokens/s "
@@ -192,9 +195,8 @@ def format_table(config: dict, rows: list[dict]) -> str:
     for r in rows:
         runs = r["seconds_runs"]
         spread = f"{min(runs):.2f}-{max(runs):.2f}" if len(runs) > 1 else "1 run"
-        cpu = f"{r['cpu_seconds']:.2f}" if r["cpu_seconds"] is not None else "n/a"
         lines.append(
-            f"| {r['engine']} | {r['dtype']} | {r['seconds']:.2f} | {spread} | {cpu} | {r['docs_per_s']:.3f} | "
+            f"| {r['engine']} | {r['dtype']} | {r['seconds']:.2f} | {spread} | {r['cpu_seconds']:.2f} | {r['docs_per_s']:.3f} | "
             f"{r['tokens_per_s']:.1f} | {ref['seconds'] / r['seconds']:.2f}x | {format_bytes(r['loaded_bytes'])} | "
             f"{format_bytes(r['peak_rss_bytes'])} | {r['identical_to_reference']}/{r['docs']} |"
         )

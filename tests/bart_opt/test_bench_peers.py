@@ -26,7 +26,8 @@ def test_engines_are_reference_ours_then_peers():
 
 
 def _first(outputs) -> dict:
-    return {"outputs": outputs, "memory_run_seconds": 9.0, "loaded_bytes": 2**30, "peak_rss_bytes": 3 * 2**20,
+    return {"outputs": outputs, "memory_run_seconds": 9.0, "memory_run_cpu_seconds": 17.0, "loaded_bytes": 2**30,
+            "peak_rss_bytes": 3 * 2**20,
             "peak_rss_source": "VmHWM reset"}
 
 
@@ -47,6 +48,8 @@ def test_result_row_counts_identical_outputs_and_keeps_the_spread():
     unstable = bench_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT),
                                       [{"seconds": 1.0, "cpu_seconds": 2.0, "same_as_first": False}], REFERENCE_OUT)
     assert unstable["deterministic"] is False and unstable["identical_to_reference"] == 2
+    memory_run_only = bench_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT), [], REFERENCE_OUT)
+    assert memory_run_only["seconds"] == 9.0 and memory_run_only["cpu_seconds"] == 17.0
 
 
 def _rows(seconds: dict) -> list[dict]:

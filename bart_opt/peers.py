@@ -10,7 +10,7 @@ row out minus its padding: the decoder start token, the generated tokens, the en
 - ``ctranslate2``: a ``ctranslate2.Translator`` over the checkpoint converted once (float32)
   and loaded with ``compute_type`` float32 or int8 (weights quantized at load time).
 
-Generation settings are resolved by :func:`bart_opt.generation.resolve_settings` for every engine,
+Generation settings are resolved once into a :class:`bart_opt.GenerationSpec` for every engine,
 so the checkpoint's generation config and the bench's overrides mean the same thing everywhere;
 CTranslate2 gets them through :func:`ct2_options`.
 """
@@ -18,11 +18,9 @@ CTranslate2 gets them through :func:`ct2_options`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
-
 import torch
 
-from bart_opt.generation import Settings, resolve_settings
+from bart_opt.spec import GenerationSpec
 
 @dataclass(frozen=True)
 class EngineSpec:
@@ -36,16 +34,15 @@ class EngineSpec:
         return f"{self.name} {self.dtype}"
 
 
-def checkpoint_settings(folder: str, generation_kwargs: dict) -> Settings:
+def checkpoint_settings(folder: str, generation_kwargs: dict) -> GenerationSpec:
     """The generation settings every engine uses: the checkpoint's generation config plus overrides."""
     from transformers import BartConfig, GenerationConfig
 
-    model = SimpleNamespace(config=BartConfig.from_pretrained(folder),
-                            generation_config=GenerationConfig.from_pretrained(folder))
-    return resolve_settings(model, generation_kwargs)
+    return GenerationSpec.resolve(BartConfig.from_pretrained(folder), GenerationConfig.from_pretrained(folder),
+                                  generation_kwargs)
 
 
-def trim_row(row: list[int], settings: Settings) -> list[int]:
+def trim_row(row: list[int], settings: GenerationSpec) -> list[int]:
     """One row of transformers' padded output up to and including its end token."""
     eos = set(settings.eos_token_id or ())
     for i in range(1, len(row)):
@@ -123,7 +120,7 @@ def ct2_token(token_id: int) -> str:
     return f"id{token_id}"
 
 
-def ct2_options(settings: Settings) -> dict:
+def ct2_options(settings: GenerationSpec) -> dict:
     """``translate_batch`` keyword arguments equivalent to transformers' settings (beam size 1 is greedy).
 
     transformers' ``early_stopping`` has no counterpart: CTranslate2 stops an input once it has
@@ -140,7 +137,7 @@ def ct2_options(settings: Settings) -> dict:
     return options
 
 
-def ct2_ids(hypothesis: list[str], settings: Settings) -> list[int]:
+def ct2_ids(hypothesis: list[str], settings: GenerationSpec) -> list[int]:
     """A CTranslate2 hypothesis as transformers lays the row out: start token, tokens, end token.
 
     A hypothesis stopped by ``max_decoding_length`` has no end token; transformers' forced EOS would

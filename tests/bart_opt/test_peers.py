@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bart_opt.generation import Settings
+from bart_opt.spec import GenerationSpec
 from bart_opt.peers import (
     EngineSpec,
     TorchEngine,
@@ -22,11 +22,11 @@ CNN = {"num_beams": 4, "length_penalty": 2.0, "min_length": 56, "max_length": 14
        "early_stopping": True}
 
 
-def settings(**overrides) -> Settings:
+def settings(**overrides) -> GenerationSpec:
     values = dict(num_beams=4, max_length=142, min_length=56, length_penalty=2.0, no_repeat_ngram_size=3,
-                  early_stopping=True, forced_bos_token_id=0, forced_eos_token_id=[2], decoder_start_token_id=2,
-                  eos_token_id=[2], pad_token_id=1)
-    return Settings(**{**values, **overrides})
+                  early_stopping=True, forced_bos_token_id=0, forced_eos_token_id=(2,), decoder_start_token_id=2,
+                  eos_token_id=(2,), pad_token_id=1)
+    return GenerationSpec(**{**values, **overrides})
 
 
 def test_length_limits_map_transformers_counts_to_ctranslate2s():

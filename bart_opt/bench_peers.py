@@ -118,6 +118,11 @@ def _worker_main(job: dict) -> None:
         import ctranslate2  # noqa: F401
     start_rss = rss_bytes()
     engine = load_engine(spec, job["folder"], job["generation"], job["threads"], job.get("ct2_folder"))
+    if spec.name != "ctranslate2":
+        # safetensors weights are memory-mapped: read every page now, or the first call would page them
+        # in and count them in its peak.
+        for tensor in engine.model.state_dict().values():
+            tensor.sum()
     engine.prepare(json.loads(Path(job["inputs"]).read_text()))
     gc.collect()
     loaded_rss = rss_bytes()

@@ -83,6 +83,11 @@ class Stepper:
         for _ in range(n):
             self._permits.release()
 
+    def revoke(self) -> None:
+        """Take back the permits no call has used, so the next call waits for `allow` again."""
+        while self._permits.acquire(blocking=False):
+            pass
+
     def wait_arrived(self, n: int, timeout: float = 60) -> None:
         with self._arrived:
             arrived = self._arrived.wait_for(lambda: len(self.sizes) >= n, timeout)

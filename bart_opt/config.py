@@ -8,18 +8,12 @@ checkpoint fails loudly instead of producing wrong output.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from transformers import BartConfig
+from transformers.activations import ACT2FN
 
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-    "tanh": torch.tanh,
-}
+# transformers' own activation modules: "gelu_new", for one, is a composition of ops whose rounding
+# differs from F.gelu(approximate="tanh") in the last bit.
+ACTIVATIONS = {name: ACT2FN[name] for name in ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish", "tanh")}
 
 DTYPES = {
     "float32": torch.float32,

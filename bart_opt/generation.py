@@ -2,13 +2,15 @@
 
 The bookkeeping mirrors transformers 5's vectorized beam search step for step (the same
 top-k candidates, the same -1e9 masks, the same length-penalty expressions), so the chosen
-tokens are identical. What changes is the state it runs on: cross-attention keys/values are
-kept once per input, beam reordering touches only the self-attention cache, and an input whose
-result can no longer change leaves the working batch.
+tokens are identical whenever the logits are. What changes is the state it runs on:
+cross-attention keys/values are kept once per input, beam reordering touches only the
+self-attention cache, and an input whose result can no longer change leaves the working batch.
+Exact mode (`model.exact`) keeps it in the batch, as transformers does: a matrix product's
+rounding can depend on its row count, so the other inputs' logits would change in the last bits.
 
 The same mechanism serves cancellation: a caller may pass ``cancelled``, polled between decoder
-steps, and the inputs it names leave the working batch at that step; the others run on exactly
-as they would have without them.
+steps, and the inputs it names stop at that step: they leave the working batch, or in exact
+mode stay in it with their result dropped, so that the others' ids remain transformers'.
 """
 
 from __future__ import annotations
@@ -44,12 +46,12 @@ def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None 
     elif kwargs:
         raise InvalidRequest(sorted(kwargs)[0], "give generation options either as a spec or as keywords, not both")
     ids, mask = check_inputs(model, input_ids, attention_mask)
-    memory, enc_mask = model.encode(ids, mask)
-    cross_kv = model.cross_keys_values(memory)
+    memory = model.encode(ids, mask)
+    cross = model.cross_attention(memory, mask, beams=spec.num_beams)
     del memory  # only the per-layer keys/values are needed from here on
     if spec.num_beams == 1:
-        return _greedy(model, ids.shape[0], cross_kv, enc_mask, spec, cancelled)
-    return _beam_search(model, ids.shape[0], cross_kv, enc_mask, spec, cancelled)
+        return _greedy(model, ids.shape[0], cross, spec, cancelled)
+    return _beam_search(model, ids.shape[0], cross, spec, cancelled)
 
 
 def _cancelled_rows(cancelled: Cancelled | None, items: torch.Tensor) -> torch.Tensor | None:
@@ -60,13 +62,6 @@ def _cancelled_rows(cancelled: Cancelled | None, items: torch.Tensor) -> torch.T
     return torch.isin(items, torch.tensor(sorted(rows), dtype=items.dtype, device=items.device))
 
 
-def _select_inputs(cross_kv, enc_mask, rows: torch.Tensor):
-    """Keep only the inputs `rows` (A',) of the per-input state, one layer at a time."""
-    for i, (k, v) in enumerate(cross_kv):
-        cross_kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
-    return None if enc_mask is None else enc_mask.index_select(0, rows)
-
-
 def _stop_hits(tokens: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.Tensor:
     """Whether appending `tokens` at position `cur_len` ends a sequence (max length or EOS)."""
     hits = torch.full_like(tokens, cur_len + 1 >= s.max_length, dtype=torch.bool)
@@ -75,34 +70,35 @@ def _stop_hits(tokens: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.T
     return hits
 
 
-def _greedy(model, batch: int, cross_kv, enc_mask, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
+def _greedy(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
     device = model.device
     fill = s.pad_token_id if s.pad_token_id is not None else -1
     out = torch.full((batch, s.max_length), fill, dtype=torch.long, device=device)  # (B, L)
     out[:, 0] = s.decoder_start_token_id
-    active = torch.arange(batch, device=device)  # (A,) rows of `out` still generating
-    seqs = out[:, :1].clone()  # (A, cur_len) tokens of the active rows
+    active = torch.arange(batch, device=device)  # (A,) rows of `out` in the working batch
+    ended = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) finished or cancelled (kept in exact mode)
+    seqs = out[:, :1].clone()  # (A, cur_len) tokens of the working rows
     cache = model.new_cache(batch, s.max_length - 1)
     cur_len = 1
     while True:
-        logits = model.decode_step(seqs[:, -1:], cross_kv, enc_mask, 1, cache)  # (A, V)
+        logits = model.decode_step(seqs[:, -1:], cross, cache)  # (A, V)
         scores = process_scores(seqs, logits, s)
         tokens = scores.argmax(dim=-1)  # (A,)
-        out[active, cur_len] = tokens
+        out[active, cur_len] = tokens.masked_fill(ended, fill)  # an ended row's output stays padded
         seqs = torch.cat([seqs, tokens[:, None]], dim=1)
-        done = _stop_hits(tokens, cur_len, s)
+        ended |= _stop_hits(tokens, cur_len, s)
         cur_len += 1
         model.log_mem("greedy step %d", cur_len - 1)
         dropped = _cancelled_rows(cancelled, active)
         if dropped is not None:
-            out[active[dropped & ~done], 1:] = fill
-            done |= dropped
-        if bool(done.all()):
+            out[active[dropped & ~ended], 1:] = fill
+            ended |= dropped
+        if bool(ended.all()):
             return out[:, :cur_len]
-        if bool(done.any()):
-            keep = (~done).nonzero().flatten()  # (A',)
-            active, seqs = active[keep], seqs[keep]
-            enc_mask = _select_inputs(cross_kv, enc_mask, keep)
+        if not model.exact and bool(ended.any()):
+            keep = (~ended).nonzero().flatten()  # (A',)
+            active, seqs, ended = active[keep], seqs[keep], ended[keep]
+            cross.keep(keep)
             cache.keep(keep)
 
 
@@ -199,19 +195,19 @@ def _update_improvable(st: BeamState, cur_len: int, s: GenerationSpec) -> None:
     st.improvable = st.improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
-def _beam_search(model, batch: int, cross_kv, enc_mask, s: GenerationSpec,
-                 cancelled: Cancelled | None) -> torch.Tensor:
+def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
     nb = s.num_beams
     device = model.device
     st = _init_beams(batch, nb, s, device)
     results = st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
     result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
     cache = model.new_cache(batch * nb, s.max_length - 1)
     cur_len = 1
     while True:
         a = st.running.shape[0]
         tokens = st.running[:, :, cur_len - 1].reshape(a * nb, 1)  # (A*nb, 1)
-        logits = model.decode_step(tokens, cross_kv, enc_mask, nb, cache)  # (A*nb, V)
+        logits = model.decode_step(tokens, cross, cache)  # (A*nb, V)
         log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], F.log_softmax(logits, dim=-1), s)
         parents = _beam_step(st, log_probs, cur_len, s)
         rows = (torch.arange(a, device=device)[:, None] * nb + parents).flatten()  # (A*nb,)
@@ -223,16 +219,19 @@ def _beam_search(model, batch: int, cross_kv, enc_mask, s: GenerationSpec,
         done = ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
         if cur_len >= s.max_length:
             done[:] = True
-        if bool(done.any()):
-            results[st.items[done]] = st.finished[done, 0]
-            result_lengths[st.items[done]] = st.finished_lengths[done, 0]
+        newly = done & ~settled
+        if bool(newly.any()):
+            results[st.items[newly]] = st.finished[newly, 0]
+            result_lengths[st.items[newly]] = st.finished_lengths[newly, 0]
+        settled |= done
         dropped = _cancelled_rows(cancelled, st.items)
         if dropped is not None:
-            done |= dropped  # their `results` rows keep the start token and padding they began with
-        if bool(done.all()):
+            settled |= dropped  # their `results` rows keep the start token and padding they began with
+        if bool(settled.all()):
             return results[:, : 1 + int(result_lengths.max())]
-        if bool(done.any()):
-            keep = (~done).nonzero().flatten()  # (A',)
+        if not model.exact and bool(settled.any()):  # exact mode keeps them running, as transformers does
+            keep = (~settled).nonzero().flatten()  # (A',)
             st.select(keep)
-            enc_mask = _select_inputs(cross_kv, enc_mask, keep)
+            settled = settled[keep]
+            cross.keep(keep)
             cache.keep((keep[:, None] * nb + torch.arange(nb, device=device)).flatten())

@@ -6,18 +6,23 @@ Attribute names follow the Hugging Face checkpoint keys (minus their `model.` pr
 * attention runs through fused `scaled_dot_product_attention`; weights are never materialized;
 * the encoder padding mask stays a `(B, 1, 1, S)` bool mask and the decoder's causal mask is
   implicit (`is_causal`), never a combined `(B, 1, T, S)` float mask;
-* cross-attention keys/values exist once per input: the beams of one input are folded into the
-  query-length axis, so nothing of the encoder side is copied per beam;
+* cross-attention keys/values exist once per input and the beams of one input are folded into
+  the query-length axis, so nothing of the encoder side is copied per beam
+  (`bart_opt/cross_attention.py`);
 * logits come from the shared embedding (no lm_head weight) with `final_logits_bias` added in
   place, and during generation only for the last position;
 * the feed-forward block runs in row chunks, so its 4x-wide activation never exists for a whole
   long batch at once.
+
+`exact=True` keeps what leaves the arithmetic alone and gives every kernel the inputs
+transformers gives it instead: a materialized `(B, 1, S, S)` encoder mask, per-beam cross-attention
+keys/values (one layer at a time), un-chunked feed-forward blocks.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,6 +32,7 @@ from transformers import BartConfig, GenerationConfig
 
 from bart_opt.cache import KVCache
 from bart_opt.config import ACTIVATIONS, validate_config
+from bart_opt.cross_attention import ExactCrossAttention, SharedCrossAttention
 from bart_opt.generation import Cancelled, generate
 from bart_opt.inputs import check_inputs, encoder_mask, shift_right
 from bart_opt.loading import load_pretrained
@@ -38,60 +44,55 @@ FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
 
 
 class Attention(nn.Module):
-    """Multi-head attention with BART's projection names; self, cached-self and cross variants."""
+    """Multi-head attention with BART's projection names; self and cached-self variants here,
+    cross-attention in `bart_opt.cross_attention`."""
 
     def __init__(self, d_model: int, heads: int):
         super().__init__()
         self.heads = heads
         self.head_dim = d_model // heads
+        # Passed to SDPA explicitly, as transformers does: its own 1/sqrt(d) differs in the last bit for some d.
+        self.scaling = self.head_dim**-0.5
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
         self.out_proj = nn.Linear(d_model, d_model)
 
-    def _split(self, x: torch.Tensor) -> torch.Tensor:
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, D) -> (N, H, T, d), a view."""
         n, t, _ = x.shape
         return x.view(n, t, self.heads, self.head_dim).transpose(1, 2)  # (N, H, T, d)
 
-    def _merge(self, x: torch.Tensor) -> torch.Tensor:
+    def merge(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, H, T, d) -> (N, T, D)."""
         n, h, t, d = x.shape
         return x.transpose(1, 2).reshape(n, t, h * d)  # (N, T, D)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
-        """Full self-attention over `x` (N, T, D); `mask` (N, 1, 1, T) bool keeps True keys."""
-        q, k, v = self._split(self.q_proj(x)), self._split(self.k_proj(x)), self._split(self.v_proj(x))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)  # (N, H, T, d)
-        return self.out_proj(self._merge(out))
+        """Full self-attention over `x` (N, T, D); `mask` (N, 1, 1 or T, T) bool keeps True keys."""
+        q, k, v = self.split(self.q_proj(x)), self.split(self.k_proj(x)), self.split(self.v_proj(x))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=self.scaling)
+        return self.out_proj(self.merge(out))  # (N, T, D)
 
     def step(self, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         """Self-attention of new positions `x` (N, T, D) over everything cached so far plus themselves."""
-        q = self._split(self.q_proj(x))  # (N, H, T, d)
-        k, v = cache.append(layer, self._split(self.k_proj(x)), self._split(self.v_proj(x)))  # (N, H, L, d)
+        q = self.split(self.q_proj(x))  # (N, H, T, d)
+        k, v = cache.append(layer, self.split(self.k_proj(x)), self.split(self.v_proj(x)))  # (N, H, L, d)
         # T == 1 while decoding: the new token may see every cached position, so no mask is needed.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1)
-        return self.out_proj(self._merge(out))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=self.scaling)
+        return self.out_proj(self.merge(out))
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values of encoder states (B, S, D): two (B, H, S, d) tensors."""
-        return self._split(self.k_proj(memory)), self._split(self.v_proj(memory))
-
-    def cross(
-        self, x: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, beams: int
-    ) -> torch.Tensor:
-        """Attend `x` (B*beams, T, D) to one copy of keys/values (B, H, S, d) per input."""
-        n, t, d_model = x.shape
-        b = n // beams
-        # Rows of one input's beams are adjacent, so they fold into the query axis: each query
-        # attends independently, and the keys/values are shared without a per-beam copy.
-        q = self.q_proj(x).view(b, beams * t, self.heads, self.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, H, beams*T, d)
-        return self.out_proj(out.transpose(1, 2).reshape(n, t, d_model))  # (B*beams, T, D)
+        """Cross-attention keys and values of encoder states (B, S, D): two contiguous (B, H, S, d)
+        tensors, laid out as transformers caches them."""
+        return self.split(self.k_proj(memory)).contiguous(), self.split(self.v_proj(memory)).contiguous()
 
 
-def feed_forward(x: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear, act) -> torch.Tensor:
-    """`fc2(act(fc1(x)))` over (N, T, D), computed in row chunks to bound the 4x-wide activation."""
+def feed_forward(x: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear, act, chunked: bool = True) -> torch.Tensor:
+    """`fc2(act(fc1(x)))` over (N, T, D); `chunked` computes it in row chunks to bound the 4x-wide
+    activation (a matrix product's rounding can depend on its row count, so exact mode does not)."""
     flat = x.reshape(-1, x.shape[-1])  # (N*T, D)
-    if flat.shape[0] <= FFN_CHUNK_TOKENS:
+    if not chunked or flat.shape[0] <= FFN_CHUNK_TOKENS:
         return fc2(act(fc1(x)))
     out = torch.empty_like(flat)
     for start in range(0, flat.shape[0], FFN_CHUNK_TOKENS):
@@ -120,11 +121,12 @@ class EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.encoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
         self.act = ACTIVATIONS[config.activation_function]
+        self.chunk_ffn = True  # set by `Bart.exact`
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         h = self.self_attn(x, mask)
         x = self.self_attn_layer_norm(h.add_(x))
-        h = feed_forward(x, self.fc1, self.fc2, self.act)
+        h = feed_forward(x, self.fc1, self.fc2, self.act, self.chunk_ffn)
         return _clamp_fp16(self.final_layer_norm(h.add_(x)))
 
 
@@ -142,21 +144,14 @@ class DecoderLayer(nn.Module):
         self.fc2 = nn.Linear(config.decoder_ffn_dim, d)
         self.final_layer_norm = nn.LayerNorm(d)
         self.act = ACTIVATIONS[config.activation_function]
+        self.chunk_ffn = True  # set by `Bart.exact`
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cross_kv: tuple[torch.Tensor, torch.Tensor],
-        enc_mask: torch.Tensor | None,
-        beams: int,
-        cache: KVCache | None,
-        index: int,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cross: SharedCrossAttention, cache: KVCache | None, index: int) -> torch.Tensor:
         h = self.self_attn(x, causal=True) if cache is None else self.self_attn.step(x, cache, index)
         x = self.self_attn_layer_norm(h.add_(x))
-        h = self.encoder_attn.cross(x, *cross_kv, enc_mask, beams)
+        h = cross(self.encoder_attn, x, index)
         x = self.encoder_attn_layer_norm(h.add_(x))
-        h = feed_forward(x, self.fc1, self.fc2, self.act)
+        h = feed_forward(x, self.fc1, self.fc2, self.act, self.chunk_ffn)
         return self.final_layer_norm(h.add_(x))
 
 
@@ -187,45 +182,26 @@ class Decoder(nn.Module):
         self.layernorm_embedding = nn.LayerNorm(config.d_model)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
 
-    def forward(
-        self,
-        embeds: torch.Tensor,
-        cross_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        enc_mask: torch.Tensor | None,
-        beams: int = 1,
-        cache: KVCache | None = None,
-    ) -> torch.Tensor:
+    def forward(self, embeds: torch.Tensor, cross: SharedCrossAttention, cache: KVCache | None = None) -> torch.Tensor:
         """(B*beams, T, D) embeddings of positions `cache.length ...` -> (B*beams, T, D) decoder states."""
         start = POSITION_OFFSET + (cache.length if cache is not None else 0)
         x = self.layernorm_embedding(embeds.add_(self.embed_positions.weight[start : start + embeds.shape[1]]))
         for i, layer in enumerate(self.layers):
-            x = layer(x, cross_kv[i], enc_mask, beams, cache, i)
+            x = layer(x, cross, cache, i)
         if cache is not None:
             cache.advance(embeds.shape[1])
         return x
 
 
-class LazyCrossKV(Sequence):
-    """Cross-attention keys/values computed per layer when asked for (teacher-forced forward),
-    so that only one layer's pair exists at a time."""
-
-    def __init__(self, decoder: Decoder, memory: torch.Tensor):
-        self.decoder, self.memory = decoder, memory
-
-    def __len__(self) -> int:
-        return len(self.decoder.layers)
-
-    def __getitem__(self, i):
-        return self.decoder.layers[i].encoder_attn.keys_values(self.memory)
-
-
 class Bart(LoggingMixin, nn.Module):
     """BART for conditional generation: `forward` gives logits, `generate` gives token ids.
 
-    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=...)`.
+    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=...)`.
+    `exact` (settable between calls) shapes the arithmetic as transformers shapes it; see
+    `from_pretrained` and `bart_opt.cross_attention`.
     """
 
-    def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None):
+    def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False):
         super().__init__()
         validate_config(config)
         self.config = config
@@ -235,13 +211,40 @@ class Bart(LoggingMixin, nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        self.exact = exact
+
+    @property
+    def exact(self) -> bool:
+        """Whether generated ids are to equal transformers' bit for bit (see `from_pretrained`)."""
+        return self._exact
+
+    @exact.setter
+    def exact(self, value: bool) -> None:
+        self._exact = bool(value)
+        for layer in [*self.encoder.layers, *self.decoder.layers]:
+            layer.chunk_ffn = not self._exact
 
     @classmethod
     def from_pretrained(
-        cls, name_or_path: str, device: str | torch.device = "cpu", dtype: torch.dtype | str | None = torch.float32
+        cls,
+        name_or_path: str,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = torch.float32,
+        exact: bool = False,
     ) -> Bart:
-        """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache)."""
-        return load_pretrained(cls, name_or_path, device=device, dtype=dtype)
+        """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache).
+
+        `exact=True`: every kernel gets the inputs transformers' BART gives it (same shapes,
+        masks and row counts), so generated ids equal transformers' on the same device, dtype
+        and batch. It costs a per-beam copy of one layer's cross-attention keys/values per
+        call, un-chunked feed-forward blocks, and finished inputs staying in the working batch.
+        The default shares cross-attention keys/values across beams and drops finished inputs:
+        less memory and time, the same ids on most inputs, near-ties resolved differently on
+        some (mostly in half precision; `python -m bart_opt.bench_fidelity` measures how often).
+        """
+        model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
+        model.exact = exact
+        return model
 
     @property
     def device(self) -> torch.device:
@@ -266,28 +269,32 @@ class Bart(LoggingMixin, nn.Module):
         out += self.final_logits_bias[0]
         return out
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the encoder once on the un-expanded batch; returns states (B, S, D) and the SDPA mask."""
-        mask = encoder_mask(attention_mask)
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Run the encoder once on the un-expanded batch: (B, S) ids -> (B, S, D) states."""
+        mask = encoder_mask(attention_mask)  # (B, 1, 1, S)
+        if self.exact and mask is not None:
+            mask = mask.expand(-1, -1, mask.shape[-1], -1).contiguous()  # (B, 1, S, S), as transformers builds it
         with self.log_phase("encode"):
-            memory = self.encoder(self.embed(input_ids), mask)
-        return memory, mask
+            return self.encoder(self.embed(input_ids), mask)
 
-    def cross_keys_values(self, memory: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Every decoder layer's cross-attention keys/values, (B, H, S, d) each, one copy per input."""
+    def cross_attention(
+        self, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1, lazy: bool = False
+    ) -> SharedCrossAttention:
+        """The decoder's cross-attention state for encoder states `memory` (B, S, D) and `beams` rows per input.
+
+        Every layer's keys/values are computed now, once per input; `lazy` computes each when
+        its layer runs instead (a single teacher-forced pass needs only one layer's at a time).
+        """
+        kind = ExactCrossAttention if self.exact else SharedCrossAttention
+        attns = [layer.encoder_attn for layer in self.decoder.layers]
+        if lazy:
+            return kind.build(attns, memory, attention_mask, beams, lazy=True)
         with self.log_phase("cross_kv"):
-            return [layer.encoder_attn.keys_values(memory) for layer in self.decoder.layers]
+            return kind.build(attns, memory, attention_mask, beams)
 
-    def decode_step(
-        self,
-        ids: torch.Tensor,
-        cross_kv: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        enc_mask: torch.Tensor | None,
-        beams: int,
-        cache: KVCache,
-    ) -> torch.Tensor:
+    def decode_step(self, ids: torch.Tensor, cross: SharedCrossAttention, cache: KVCache) -> torch.Tensor:
         """Feed the last tokens (B*beams, 1) through the decoder; float32 logits (B*beams, V)."""
-        hidden = self.decoder(self.embed(ids), cross_kv, enc_mask, beams, cache)  # (B*beams, 1, D)
+        hidden = self.decoder(self.embed(ids), cross, cache)  # (B*beams, 1, D)
         return self.logits(hidden[:, -1]).float()
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
@@ -320,10 +327,11 @@ class Bart(LoggingMixin, nn.Module):
                     f"decoder_input_ids has {decoder_input_ids.shape[1]} positions; the model has "
                     f"{self.config.max_position_embeddings} (max_position_embeddings)"
                 )
-        memory, mask = self.encode(input_ids, attention_mask)
+        memory = self.encode(input_ids, attention_mask)
+        cross = self.cross_attention(memory, attention_mask, lazy=True)
         with self.log_phase("decode"):
-            hidden = self.decoder(self.embed(decoder_input_ids), LazyCrossKV(self.decoder, memory), mask)
-        del memory
+            hidden = self.decoder(self.embed(decoder_input_ids), cross)
+        del memory, cross
         with self.log_phase("logits"):
             return self.logits(hidden)
 
@@ -340,7 +348,7 @@ class Bart(LoggingMixin, nn.Module):
         cancelled: Cancelled | None = None,
         **generation_kwargs,
     ) -> torch.Tensor:
-        """Greedy or beam search; returns the same (B, L) ids as transformers' `generate` for these weights.
+        """Greedy or beam search (B, L) ids; with `exact` the same ids as transformers' `generate`.
 
         Settings come from `spec`, or default to `self.generation_config` (the checkpoint's
         generation_config.json) with keyword arguments overriding them. Invalid or unsupported

@@ -1,4 +1,5 @@
-"""generate() of bart_opt.Bart is token-for-token equal to transformers' generate()."""
+"""generate() of bart_opt.Bart is token-for-token equal to transformers' generate(), in both modes,
+on tiny checkpoints (wide ones in every dtype: test_fidelity.py)."""
 
 from __future__ import annotations
 
@@ -49,16 +50,19 @@ def reference_generate(path, ids, mask, **kwargs):
 def test_uneven_batch_matches_transformers(checkpoint, case):
     ids, mask = batch(checkpoint, (1, 5, 2, 3, 1), seed=3)
     expected = reference_generate(checkpoint, ids, mask, **CASES[case])
-    got = Bart.from_pretrained(checkpoint).generate(ids, mask, **CASES[case])
-    assert torch.equal(got, expected), f"\nours:\n{got}\ntransformers:\n{expected}"
+    model = Bart.from_pretrained(checkpoint)
+    for exact in (False, True):
+        model.exact = exact
+        got = model.generate(ids, mask, **CASES[case])
+        assert torch.equal(got, expected), f"exact={exact}\nours:\n{got}\ntransformers:\n{expected}"
 
 
 @pytest.mark.parametrize("case", ["greedy", "checkpoint_defaults", "negative_length_penalty"])
 def test_batch_of_one_matches_transformers(checkpoint, case):
     ids, mask = batch(checkpoint, (3,), seed=5)
     expected = reference_generate(checkpoint, ids, mask, **CASES[case])
-    got = Bart.from_pretrained(checkpoint).generate(ids, mask, **CASES[case])
-    assert torch.equal(got, expected)
+    for exact in (False, True):
+        assert torch.equal(Bart.from_pretrained(checkpoint, exact=exact).generate(ids, mask, **CASES[case]), expected)
 
 
 def test_finished_inputs_leave_the_working_batch(make_checkpoint, monkeypatch):
@@ -71,6 +75,20 @@ def test_finished_inputs_leave_the_working_batch(make_checkpoint, monkeypatch):
     assert kept_rows, "no input left the batch early"
     assert kept_rows == sorted(kept_rows, reverse=True) and kept_rows[-1] < 5 * 4
     assert torch.equal(got, reference_generate(path, ids, mask, num_beams=4, min_length=0))
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_exact_mode_keeps_finished_inputs_in_the_batch(make_checkpoint, monkeypatch, num_beams):
+    """As transformers does: a matrix product's rounding may depend on its row count."""
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    kept_rows = []
+    original_keep = KVCache.keep
+    monkeypatch.setattr(KVCache, "keep", lambda self, rows: (kept_rows.append(len(rows)), original_keep(self, rows)))
+    got = Bart.from_pretrained(path, exact=True).generate(ids, mask, num_beams=num_beams, min_length=0)
+    expected = reference_generate(path, ids, mask, num_beams=num_beams, min_length=0)
+    assert (expected == 1).any(), "some inputs finished before others"
+    assert kept_rows == [] and torch.equal(got, expected)
 
 
 def test_checkpoint_generation_config_is_the_default(demo_checkpoint):

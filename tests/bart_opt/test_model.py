@@ -34,6 +34,17 @@ def test_logits_match_transformers_on_uneven_batch(variant):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_exact_mode_logits_equal_transformers_bit_for_bit(variant, dtype, monkeypatch):
+    import bart_opt.model as model_module
+
+    monkeypatch.setattr(model_module, "FFN_CHUNK_TOKENS", 7)  # exact mode must not chunk
+    ids, mask = batch(variant, (1, 4, 2))
+    with torch.no_grad():
+        expected = reference_model(variant, dtype)(input_ids=ids, attention_mask=mask).logits
+    assert torch.equal(Bart.from_pretrained(variant, dtype=dtype, exact=True)(ids, mask), expected)
+
+
 def test_logits_with_explicit_decoder_input_and_no_mask(variant):
     ids, _ = batch(variant, (3,))
     dec = ids[:, :7].flip(1)

@@ -1,0 +1,136 @@
+"""The decoder's cross-attention state, and the two ways of computing cross-attention over it.
+
+Both modes keep every decoder layer's cross-attention keys and values once per input,
+(B, H, S, d) each, for the whole of a generate call; inputs that finish may leave the state
+(`keep`). They differ in how the arithmetic is shaped:
+
+* `SharedCrossAttention` (the default): keys/values are projected from the un-expanded encoder
+  states, and the beams of one input are folded into the query axis of a single attention call
+  against the one copy. Nothing is copied per beam; the kernel sees a query length of `beams`
+  instead of 1, which rounds differently in the last bits, and beam search can turn such a
+  difference into another (near-tied) hypothesis.
+* `ExactCrossAttention` (`exact=True`): the kernels get the inputs transformers' BART gives them
+  during beam search, which expands the encoder output per beam and caches per-beam keys/values:
+  the projections run on the per-beam copy of the encoder states (same matrix-product shape, so
+  the same kernel and rounding) and one beam's rows are kept; each attention call expands the
+  one layer it needs to (B*beams, H, S, d), contiguous, with a materialized (B*beams, 1, T, S)
+  bool mask, and drops it when done. The per-beam copies of all layers never exist together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+KeysValues = Sequence[tuple[torch.Tensor, torch.Tensor]]
+
+
+class LazyKeysValues(Sequence):
+    """Keys/values computed per layer when asked for (teacher-forced forward), so that only one
+    layer's pair exists at a time."""
+
+    def __init__(self, attns: Sequence, memory: torch.Tensor, project):
+        self.attns, self.memory, self.project = attns, memory, project
+
+    def __len__(self) -> int:
+        return len(self.attns)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.project(self.attns[i], self.memory)
+
+
+class SharedCrossAttention:
+    """Cross-attention state of B inputs with `beams` decoder rows each (rows of one input adjacent).
+
+    Build it with `build`. `kv[i]` holds decoder layer i's keys and values, (B, H, S, d) each.
+    `attention_mask` is the (B, S) 0/1 encoder mask, or None when nothing is padded.
+    """
+
+    def __init__(self, kv: KeysValues, attention_mask: torch.Tensor | None, beams: int):
+        self.kv = kv
+        self.beams = beams
+        self.pad_mask = None if attention_mask is None else attention_mask.bool()  # (B, S) True = token
+
+    @classmethod
+    def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
+              lazy: bool = False) -> SharedCrossAttention:
+        """State for the cross-attention modules `attns` (one per decoder layer) over encoder states
+        `memory` (B, S, D). `lazy`: project each layer's keys/values only when it runs (a single
+        teacher-forced pass; such a state is used once and not shrunk)."""
+        def project(attn, states):
+            return cls.project(attn, states, beams)
+
+        kv = LazyKeysValues(attns, memory, project) if lazy else [project(attn, memory) for attn in attns]
+        return cls(kv, attention_mask, beams)
+
+    @staticmethod
+    def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values (B, H, S, d) from the encoder states (B, S, D)."""
+        return attn.keys_values(memory)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
+        for i, (k, v) in enumerate(self.kv):
+            self.kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
+        if self.pad_mask is not None:
+            self.pad_mask = self.pad_mask.index_select(0, rows)
+
+    def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Attention module `attn` of decoder layer `layer` applied to queries `x` (B*beams, T, D)."""
+        k, v = self.kv[layer]
+        mask = None if self.pad_mask is None else self.pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        n, t, d_model = x.shape
+        b = n // self.beams
+        # Rows of one input's beams are adjacent, so they fold into the query axis: each query
+        # attends independently, and the keys/values are shared without a per-beam copy.
+        q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # (B, H, beams*T, d)
+        return attn.out_proj(out.transpose(1, 2).reshape(n, t, d_model))  # (B*beams, T, D)
+
+
+class ExactCrossAttention(SharedCrossAttention):
+    """Cross-attention shaped as transformers shapes it, for bit-identical outputs.
+
+    Keys/values stay once per input between calls; a call expands the one layer it needs to
+    (B*beams, H, S, d), contiguous, and drops it when done.
+    """
+
+    def __init__(self, kv: KeysValues, attention_mask: torch.Tensor | None, beams: int):
+        super().__init__(kv, attention_mask, beams)
+        self._row_masks: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if beams == 1:
+            return attn.keys_values(memory)
+        # transformers projects the per-beam copy of the encoder states: a matrix product with
+        # beams x the rows, whose kernel (and so rounding) may differ from the un-expanded one's.
+        # Its rows for the beams of one input are equal; one beam's are kept.
+        expanded = memory.repeat_interleave(beams, dim=0)  # (B*beams, S, D)
+        k = attn.split(attn.k_proj(expanded)[::beams]).contiguous()  # (B, H, S, d)
+        v = attn.split(attn.v_proj(expanded)[::beams]).contiguous()
+        return k, v
+
+    def keep(self, rows: torch.Tensor) -> None:
+        super().keep(rows)
+        self._row_masks.clear()
+
+    def _row_mask(self, t: int) -> torch.Tensor | None:
+        """(B*beams, 1, T, S) bool mask, materialized as transformers materializes it; built once per T."""
+        if self.pad_mask is None:
+            return None
+        if t not in self._row_masks:
+            rows = self.pad_mask.repeat_interleave(self.beams, dim=0)  # (B*beams, S)
+            self._row_masks[t] = rows[:, None, None, :].expand(-1, 1, t, -1).contiguous()
+        return self._row_masks[t]
+
+    def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
+        k, v = self.kv[layer]  # (B, H, S, d)
+        if self.beams > 1:
+            k = k.repeat_interleave(self.beams, dim=0)  # (B*beams, H, S, d), this layer only
+            v = v.repeat_interleave(self.beams, dim=0)
+        q = attn.split(attn.q_proj(x))  # (B*beams, H, T, d)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._row_mask(x.shape[1]), scale=attn.scaling)
+        return attn.out_proj(attn.merge(out))  # (B*beams, T, D)

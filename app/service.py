@@ -53,6 +53,7 @@ def load_summarizer(settings: Settings, **summarizer_options) -> Summarizer:
         max_batch_tokens=settings.max_batch_tokens,
         max_batch_size=settings.max_batch_size,
         max_beams=settings.max_beams,
+        exact=settings.exact,
         **summarizer_options,
     )
 

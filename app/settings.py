@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="'auto': float16 on CUDA, float32 on CPU (the Summarizer's choice)."
     )
+    exact: bool = Field(
+        False, description="Generate exactly transformers' ids (same device, dtype, batches) at some memory and time."
+    )
     max_batch_tokens: int = Field(
         16384, ge=1, description="Token budget of one model call: longest input x texts x beams."
     )

@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, compare, demo-model, bench, serve.
+"""The ``bart-opt`` command: summarize, evaluate, compare, demo-model, bench, check, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no
@@ -32,11 +32,11 @@ class CliError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with `argv` (default: sys.argv[1:]); returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        # The benchmark owns its own options; hand them over untouched.
-        from bart_opt import bench
+    if argv and argv[0] in ("bench", "check"):
+        # The benchmark and the self-check own their options; hand them over untouched.
+        import importlib
 
-        return bench.main(argv[1:]) or 0
+        return importlib.import_module(f"bart_opt.{argv[0]}").main(argv[1:]) or 0
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -111,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo_model)
 
     sub.add_parser("bench", help="engine benchmark (see bart-opt bench --help)", add_help=False)
+    sub.add_parser("check", help="offline self-check of this machine: parity, OOM split, memory, service "
+                                 "(see bart-opt check --help)", add_help=False)
 
     serve = sub.add_parser("serve", help="start the HTTP service")
     serve.add_argument("--model", help="checkpoint folder or hub id (default: the service's setting)")
@@ -126,6 +128,9 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on cuda, float32 on cpu)")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per batch, beams counted")
     parser.add_argument("--max-batch-size", type=int, default=None, help="inputs per batch at most")
+    parser.add_argument("--exact", action="store_true",
+                        help="generate exactly transformers' ids for the same batches, device and dtype "
+                             "(more memory and time in beam search; default: shared cross-attention state)")
     parser.add_argument("--no-memory-count", action="store_true",
                         help="on CPU, skip counting live tensor bytes (memory peaks then read 0; "
                              "saves its overhead, about 10-20%% on tiny models)")
@@ -164,7 +169,7 @@ def load_summarizer(args: argparse.Namespace):
         budgets["max_batch_tokens"] = args.max_batch_tokens
     if args.max_batch_size is not None:
         budgets["max_batch_size"] = args.max_batch_size
-    return Summarizer.from_pretrained(args.model, device=args.device, dtype=args.dtype,
+    return Summarizer.from_pretrained(args.model, device=args.device, dtype=args.dtype, exact=args.exact,
                                       count_cpu_tensors=not args.no_memory_count, **budgets)
 
 

@@ -161,12 +161,15 @@ class Summarizer:
         dtype: torch.dtype | str | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        exact: bool = False,
         **kwargs,
     ) -> Summarizer:
         """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id.
 
         `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
-        and float32 on cpu. Other keyword arguments go to the constructor.
+        and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
+        the same device and dtype (see `Bart.from_pretrained`). Other keyword arguments go
+        to the constructor.
         """
         from transformers import AutoTokenizer
 
@@ -177,7 +180,7 @@ class Summarizer:
             raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
         dtype = resolve_dtype(dtype, default=torch.float16 if device.type == "cuda" else torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype)
+        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact)
         return cls(model, tokenizer, name=str(name_or_path), max_batch_tokens=max_batch_tokens,
                    max_batch_size=max_batch_size, **kwargs)
 
@@ -531,8 +534,8 @@ def _rows_of(cancelled: Cancelled, positions: list[int]) -> list[int]:
     return [row for row, p in enumerate(positions) if p in withdrawn]
 
 
-def _free_device_cache(positions: list[int], error: BaseException) -> None:
-    """After an out-of-memory error, give cached CUDA blocks back before retrying."""
+def _free_device_cache(positions: list[int], message: str) -> None:
+    """After an out-of-memory error (whose tensors are already released), give cached CUDA blocks back."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 

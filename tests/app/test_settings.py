@@ -31,6 +31,15 @@ def test_environment_with_prefix(monkeypatch):
     assert "key-4711" not in repr(s)
 
 
+def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
+    from app.service import load_summarizer
+
+    monkeypatch.setenv("BART_OPT_EXACT", "true")
+    settings = Settings(model=demo_checkpoint)
+    assert settings.exact is True and load_summarizer(settings).model.exact is True
+    assert load_summarizer(Settings(model=demo_checkpoint, exact=False)).model.exact is False
+
+
 def test_empty_api_key_means_none(monkeypatch):
     monkeypatch.setenv("BART_OPT_API_KEY", "")
     assert Settings().api_key is None

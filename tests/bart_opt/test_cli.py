@@ -41,6 +41,14 @@ def test_summarize_file_prints_jsonl_in_input_order(demo_checkpoint, texts, tmp_
     assert [row["input_tokens"] for row in out] == [item["input_tokens"] for item in expected.items]
 
 
+def test_exact_flag_loads_the_model_in_exact_mode(demo_checkpoint):
+    from bart_opt.cli import build_parser, load_summarizer
+
+    for flags, exact in (([], False), (["--exact"], True)):
+        args = build_parser().parse_args(["summarize", "--model", demo_checkpoint, "--device", "cpu", *flags])
+        assert load_summarizer(args).model.exact is exact
+
+
 def test_summarize_reads_stdin(demo_checkpoint, texts, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"text": texts[0]}) + "\n\n"))
     assert main(["summarize", "--model", demo_checkpoint, "-", *GEN]) == 0
@@ -57,7 +65,7 @@ def test_evaluate_writes_metrics_and_resumes(demo_checkpoint, tmp_path, capsys):
     ))
     out = tmp_path / "run"
     args = ["evaluate", "--model", demo_checkpoint, "--data", str(data), "--out", str(out), *GEN, "--no-progress",
-            "--no-memory-count"]
+            "--no-memory-count", "--device", "cpu"]
     assert main([*args, "--limit", "3"]) == 0
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 3
     capsys.readouterr()

@@ -18,6 +18,8 @@ tested on CPU without one.
 
 from __future__ import annotations
 
+import re
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +27,23 @@ from typing import Any
 import torch
 
 DEFAULT_OOM_ERRORS: tuple[type[BaseException], ...] = (torch.cuda.OutOfMemoryError,)
+# Allocation failures that surface as plain RuntimeErrors: cuBLAS / cuDNN workspaces
+# ("CUBLAS_STATUS_ALLOC_FAILED"), "CUDA error: out of memory" from a kernel launch, the CPU allocator.
+_OOM_MESSAGES = ("out of memory", "alloc_failed", "can't allocate memory")
+
+
+def is_out_of_memory(error: BaseException, oom_errors: tuple[type[BaseException], ...] = DEFAULT_OOM_ERRORS) -> bool:
+    """Whether `error` means a device (or the host) ran out of memory."""
+    if isinstance(error, oom_errors):
+        return True
+    return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _OOM_MESSAGES)
+
+
+def oom_message(error: BaseException) -> str:
+    """The first two sentences of an out-of-memory error on one line (CUDA's run to a paragraph)."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    short = " ".join(re.split(r"(?<=\.) ", text)[:2])
+    return short if len(short) <= 200 else short[:197] + "..."
 
 
 def plan_batches(
@@ -162,22 +181,31 @@ def run_with_oom_split(
     """Run ``batch_fn(positions)``; on an out-of-memory error split in half and retry.
 
     `batch_fn` returns one result per position, in order. Halving goes down to one
-    input; an input that still runs out of memory gets an error message in
-    ``outcome.errors`` while every other input succeeds. `oom_errors` is the
-    injection point for CPU tests (pass your own exception type); `on_oom` is called
-    after each caught error (the pipeline frees the CUDA cache there).
+    input; an input that still runs out of memory gets a one-line error message in
+    ``outcome.errors`` while every other input succeeds. Out of memory means one of
+    `oom_errors` (the injection point for CPU tests: pass your own exception type) or
+    a RuntimeError saying so (`is_out_of_memory`). Before the retry, the failed call's
+    frames are cleared so its tensors are freed, and only then is `on_oom(positions,
+    message)` called (the pipeline returns cached CUDA blocks there).
     """
     outcome = SplitOutcome()
     pending: list[list[int]] = [list(positions)]
     while pending:
         batch = pending.pop(0)
+        message = None
         try:
             results = batch_fn(batch)
-        except oom_errors as error:
+        except (Exception, *oom_errors) as error:
+            if not is_out_of_memory(error, oom_errors):
+                raise
+            # The traceback holds the failed call's frames and, through them, its tensors.
+            traceback.clear_frames(error.__traceback__)
+            message = oom_message(error)
+        if message is not None:  # outside the except block: the error and its frames are gone
             if on_oom is not None:
-                on_oom(batch, error)
+                on_oom(batch, message)
             if len(batch) == 1:
-                outcome.errors[batch[0]] = f"out of memory on this input even in a batch of one ({error})"
+                outcome.errors[batch[0]] = f"out of memory on this input even in a batch of one ({message})"
                 continue
             half = len(batch) // 2
             pending[:0] = [batch[:half], batch[half:]]

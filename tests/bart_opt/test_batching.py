@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import weakref
 
 import pytest
 import torch
@@ -125,3 +127,73 @@ def test_other_errors_are_not_swallowed():
 
     with pytest.raises(KeyError):
         run_with_oom_split(batch_fn, [0, 1], oom_errors=(FakeOOM,))
+
+
+@pytest.mark.parametrize("keeps_error", [False, True])
+def test_failed_call_tensors_are_released_before_the_retry(keeps_error):
+    """The traceback of an OOM holds the failed call's frames; they must not keep its tensors alive
+    when the retry starts, even when a frame also holds the error (a cycle only the GC would break)."""
+    alive_at_retry = []
+    made = []
+
+    def batch_fn(positions):
+        scratch = torch.ones(1000)  # stands in for the failed call's activations
+        made.append(weakref.ref(scratch))
+        if len(positions) > 1:
+            try:
+                raise FakeOOM("too big")
+            except FakeOOM as error:
+                kept = error if keeps_error else None  # noqa: F841 (the frame -> error -> frame cycle)
+                raise
+        return [scratch.sum().item()]
+
+    def on_oom(positions, message):
+        alive_at_retry.append(made[-1]() is not None)
+
+    gc.disable()
+    try:
+        outcome = run_with_oom_split(batch_fn, [0, 1], oom_errors=(FakeOOM,), on_oom=on_oom)
+    finally:
+        gc.enable()
+    assert outcome.results == {0: 1000.0, 1: 1000.0}
+    assert alive_at_retry == [False]
+
+
+@pytest.mark.parametrize("text", [
+    "CUDA error: out of memory",
+    "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+    "cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+    "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 8 bytes",
+])
+def test_allocation_failures_raised_as_runtime_errors_count_as_oom(text):
+    def batch_fn(positions):
+        if len(positions) > 1:
+            raise RuntimeError(text)
+        return positions
+
+    outcome = run_with_oom_split(batch_fn, [0, 1])
+    assert outcome.splits == 1 and outcome.results == {0: 0, 1: 1}
+
+
+def test_other_runtime_errors_are_not_swallowed():
+    def batch_fn(positions):
+        raise RuntimeError("shape mismatch")
+
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run_with_oom_split(batch_fn, [0, 1])
+
+
+def test_oom_message_is_one_short_line():
+    cuda_text = (
+        "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.15 GiB of which 3.19 MiB\n"
+        "is free. Including non-PyTorch memory, this process has 79.14 GiB memory in use. If reserved but "
+        "unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
+
+    def batch_fn(positions):
+        raise torch.cuda.OutOfMemoryError(cuda_text)
+
+    outcome = run_with_oom_split(batch_fn, [4])
+    assert outcome.errors == {
+        4: "out of memory on this input even in a batch of one (CUDA out of memory. Tried to allocate 2.00 GiB.)"
+    }

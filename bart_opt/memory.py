@@ -11,7 +11,11 @@ Three pieces, from the bottom up:
 
   * ``"cuda_allocator"`` on a CUDA device: ``torch.cuda.memory_allocated`` for
     memory now, ``torch.cuda.max_memory_allocated`` for the peak, with
-    ``torch.cuda.reset_peak_memory_stats`` after every reading;
+    ``torch.cuda.reset_peak_memory_stats`` after every reading. The allocator has one
+    peak counter per device, so the logs open on a device share each reading
+    (:class:`_SharedCudaPeak`): nested or concurrent logs never lose each other's
+    peaks. Times are taken after ``torch.cuda.synchronize``, so a phase's seconds
+    include the kernels it queued;
   * ``"live_tensors"`` elsewhere: a :class:`LiveTensorCounter` owned by the log,
     counting only tensors created while the log is active (weights loaded before
     are not included);
@@ -32,6 +36,7 @@ import contextlib
 import csv
 import os
 import resource
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -137,6 +142,40 @@ def _storage_in(key: int, args, kwargs) -> bool:
         elif isinstance(arg, torch.Tensor) and arg.layout is torch.strided and arg.untyped_storage()._cdata == key:
             return True
     return False
+
+
+class _SharedCudaPeak:
+    """One CUDA device's allocator peak counter, shared by every log open on that device.
+
+    ``torch.cuda.reset_peak_memory_stats`` is global to the device: a log that resets it
+    would erase the peak another log (an outer phase, a request on another thread) has
+    not read yet. Every reading here is folded into the pending window of each log
+    registered on the device before the counter is reset, and a log takes only its own
+    window.
+    """
+
+    _lock = threading.Lock()
+    _devices: dict[torch.device, _SharedCudaPeak] = {}
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._windows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # log -> peak since its last take
+
+    @classmethod
+    def of(cls, device: torch.device) -> _SharedCudaPeak:
+        with cls._lock:
+            return cls._devices.setdefault(device, cls(device))
+
+    def take(self, log: object) -> int:
+        """The device's true peak since `log` last took it (registering `log` on first use)."""
+        with self._lock:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            for other, window in list(self._windows.items()):
+                self._windows[other] = max(window, peak)
+            mine = self._windows.get(log, peak)
+            self._windows[log] = 0
+            return mine
 
 
 _statm_fd: int | None = None
@@ -252,6 +291,7 @@ class MemoryLog:
         self.device = device
         self._counter = LiveTensorCounter() if count_cpu_tensors and not self._cuda else None
         if self._cuda:
+            self._cuda_peak = _SharedCudaPeak.of(device)
             self.peak_source = "cuda_allocator"
         else:
             self.peak_source = "live_tensors" if self._counter is not None else "none"
@@ -263,6 +303,8 @@ class MemoryLog:
         self._rows: list[dict] = []
         self._phases: list[dict] = []
         self._open: list[_Phase] = []
+        if self._cuda:
+            torch.cuda.synchronize(self.device)
         self._t0 = time.perf_counter()
         self._start_mem = self._read_mem()
         self._read_peak()
@@ -303,9 +345,7 @@ class MemoryLog:
     def _read_peak(self) -> int:
         """True peak since the previous reading; starts a new window."""
         if self._cuda:
-            peak = torch.cuda.max_memory_allocated(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            return peak
+            return self._cuda_peak.take(self)
         if self._counter is None:
             return 0
         peak = self._counter.peak_bytes
@@ -314,6 +354,8 @@ class MemoryLog:
 
     def _sample(self) -> tuple[float, int]:
         """Read time, memory and the peak window; fold the peak into every open window."""
+        if self._cuda:
+            torch.cuda.synchronize(self.device)  # the time of the work queued so far, not of its launch
         t = time.perf_counter() - self._t0
         mem = self._read_mem()
         peak = max(self._read_peak(), mem)

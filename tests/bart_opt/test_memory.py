@@ -364,6 +364,83 @@ def test_cuda_phase_peak():
     assert log.report()["phases"][0]["peak_bytes"] >= 32 * MB
 
 
+@needs_cuda
+def test_cuda_nested_logs_keep_each_others_peaks():
+    with measure("cuda") as outer:
+        spike = _bytes(64 * MB, "cuda")
+        del spike
+        with measure("cuda") as inner:  # starting it reads (and resets) the device's peak counter
+            inner.log_mem("inner")
+        outer.log_mem("outer")
+    assert outer.rows()[0]["mem_peak_bytes"] - outer.rows()[0]["mem_bytes"] >= 64 * MB
+
+
+class FakeCudaAllocator:
+    """The torch.cuda functions MemoryLog reads, over a scripted allocator (for CPU-only machines).
+
+    `allocate` / `free` move the allocated and peak counters; `launch(seconds)` queues work
+    that `synchronize` waits for, as kernels run asynchronously on a real device.
+    """
+
+    def __init__(self, monkeypatch):
+        self.allocated = self.peak = 0
+        self.queued = 0.0
+        for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "synchronize"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def allocate(self, n):
+        self.allocated += n
+        self.peak = max(self.peak, self.allocated)
+
+    def free(self, n):
+        self.allocated -= n
+
+    def launch(self, seconds):
+        self.queued += seconds
+
+    def memory_allocated(self, device=None):
+        return self.allocated
+
+    def max_memory_allocated(self, device=None):
+        return self.peak
+
+    def reset_peak_memory_stats(self, device=None):
+        self.peak = self.allocated
+
+    def synchronize(self, device=None):
+        time.sleep(self.queued)
+        self.queued = 0.0
+
+
+def test_nested_and_interleaved_cuda_logs_do_not_clobber_peaks(monkeypatch):
+    cuda = FakeCudaAllocator(monkeypatch)
+    outer = MemoryLog("cuda:0").start()
+    cuda.allocate(500)
+    cuda.free(500)  # a spike only the outer log was open for
+    inner = MemoryLog("cuda:0").start()  # reads and resets the device's one peak counter
+    cuda.allocate(200)
+    cuda.free(200)
+    inner.log_mem("inner")
+    other = MemoryLog("cuda:0").start()  # e.g. a request on another thread
+    cuda.allocate(300)
+    cuda.free(300)
+    other.log_mem("other")
+    outer.log_mem("outer")
+    inner.log_mem("inner again")
+    assert [r["mem_peak_bytes"] for r in inner.rows()] == [200, 300]
+    assert other.rows()[0]["mem_peak_bytes"] == 300
+    assert outer.rows()[0]["mem_peak_bytes"] == 500
+    assert outer.report()["peak_bytes"] == 500 and inner.report()["peak_bytes"] == 300
+
+
+def test_cuda_phase_times_wait_for_queued_kernels(monkeypatch):
+    cuda = FakeCudaAllocator(monkeypatch)
+    with MemoryLog("cuda:0") as log:
+        with log.phase("decode"):
+            cuda.launch(0.2)  # returns at once, like a kernel launch
+    assert log.phases()[0]["seconds"] >= 0.2
+
+
 def test_detached_logging_costs_nothing_measurable_in_bart_generate(demo_checkpoint):
     """The engine's own log calls, detached, add under 1% to generate (cost per call x calls / run time)."""
     from bart_opt import Bart

@@ -21,6 +21,9 @@ from tests.app.helpers import serving
 # Every app the tests build (and every server they start) keeps its evaluation jobs in a
 # throwaway database, never in ./bart_opt_jobs.db where a developer's own jobs may wait.
 os.environ["BART_OPT_DB"] = str(Path(tempfile.mkdtemp(prefix="bart_opt_test_jobs_")) / "jobs.db")
+# The tests assert CPU facts (live-tensor memory counts, fp32 summaries); on a GPU machine the
+# service would otherwise pick CUDA and float16.
+os.environ["BART_OPT_DEVICE"] = "cpu"
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -56,4 +59,4 @@ def client(demo_checkpoint) -> Iterator[TestClient]:
 @pytest.fixture(scope="session")
 def direct(demo_checkpoint) -> Summarizer:
     """A Summarizer of its own on the demo checkpoint, for summaries computed outside the service."""
-    return Summarizer.from_pretrained(demo_checkpoint)
+    return Summarizer.from_pretrained(demo_checkpoint, device="cpu")

@@ -71,7 +71,7 @@ def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_
         per_run = dict(connection.execute(query, (job_id,)))
     assert per_run == {1: done_before, 2: N - done_before}  # nothing done before the kill was redone
 
-    summarizer = Summarizer.from_pretrained(demo_checkpoint, max_batch_size=1)
+    summarizer = Summarizer.from_pretrained(demo_checkpoint, device="cpu", max_batch_size=1)
     threads = torch.get_num_threads()
     torch.set_num_threads(SETTINGS["torch_threads"])  # as the server ran; a tiny model is slower on more
     try:

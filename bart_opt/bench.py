@@ -2,7 +2,8 @@
 
 Reproduces the seed's experiment in one run: a BART-shaped model (random weights
 at a named size, or a real checkpoint with ``--model``), 6 inputs of uneven
-length padded to the longest, and for each engine
+length padded to the longest, and for each engine (transformers; bart_opt in its
+default mode; bart_opt with ``exact=True``, unless ``--skip-exact``)
 
 - ``forward``: one teacher-forced pass with a full-length decoder input;
 - ``generate_9``: ``generate()`` for 9 new tokens with 4 beams;
@@ -56,7 +57,8 @@ STEP_SETTINGS = {"num_beams": 4, "max_new_tokens": 9, "min_length": 0, "length_p
 CNN_SETTINGS = {"num_beams": 4, "length_penalty": 2.0, "min_length": 56, "max_length": 142,
                 "no_repeat_ngram_size": 3, "early_stopping": True}
 TASKS = ("forward", "generate_9", "throughput_cnn")
-ENGINES = ("transformers", "bart_opt")
+ENGINES = ("transformers", "bart_opt", "bart_opt_exact")
+OURS = ("bart_opt", "bart_opt_exact")  # one Bart model; the engine name sets its `exact` mode
 LENGTH_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # uneven inputs, the longest sets the padded length
 PEERS = ("ctranslate2",)  # engines --peers can add; see bench_peers.py
 DEFAULT_PEERS_EOS_BIAS = 1.5  # random bart-base weights then stop after 75-110 tokens instead of running to 142
@@ -79,6 +81,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="timed runs per task and engine, best kept (default 1; 3 with --peers); "
                         "0 reports the time of the memory run")
     p.add_argument("--skip-overhead", action="store_true", help="leave out the logging-overhead measurement")
+    p.add_argument("--skip-exact", action="store_true", help="leave out bart_opt's exact mode")
     p.add_argument("--hf-no-cache", action="store_true",
                    help="call transformers' forward with use_cache=False (default: as users call it)")
     p.add_argument("--eos-bias", type=float,
@@ -132,8 +135,9 @@ def build_random_checkpoint(out_dir: str, size: str, seed: int, eos_bias: float)
     return str(build_checkpoint(out_dir, seed=seed, with_tokenizer=False, eos_bias=eos_bias, **SIZES[size]))
 
 
-def load_engines(folder: str, device: torch.device, dtype: torch.dtype) -> dict[str, torch.nn.Module]:
-    """Both engines from the same folder: transformers' BartForConditionalGeneration and bart_opt.Bart."""
+def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: bool = True) -> dict[str, torch.nn.Module]:
+    """The engines from the same folder: transformers' BartForConditionalGeneration and bart_opt.Bart
+    (one model object for both of its modes: the weights are loaded once)."""
     from transformers import BartForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
@@ -143,7 +147,10 @@ def load_engines(folder: str, device: torch.device, dtype: torch.dtype) -> dict[
     hf_logging.disable_progress_bar()
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype).eval()
-    return {"transformers": hf, "bart_opt": ours}
+    engines = {"transformers": hf, "bart_opt": ours}
+    if exact:
+        engines["bart_opt_exact"] = ours
+    return engines
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
@@ -179,6 +186,7 @@ def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
             if engine == "transformers":
                 extra = {"use_cache": False} if hf_no_cache else {}
                 return model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, **extra).logits
+            model.exact = engine == "bart_opt_exact"
             return model(ids, attention_mask=mask, decoder_input_ids=dec)
 
     def generate(settings):
@@ -186,6 +194,7 @@ def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
             with torch.inference_mode():
                 if engine == "transformers":
                     return model.generate(input_ids=ids, attention_mask=mask, **settings)
+                model.exact = engine == "bart_opt_exact"
                 return model.generate(ids, attention_mask=mask, **settings)
         return run
 
@@ -228,7 +237,7 @@ def run_task(task: str, engines: dict, batch: dict, device: torch.device, args) 
     calls = {name: task_call(task, name, model, batch, args.hf_no_cache) for name, model in engines.items()}
     outputs, rows, ours_log = {}, {}, None
     for name, model in engines.items():
-        out, seconds, log = memory_run(calls[name], device, model if name == "bart_opt" else None)
+        out, seconds, log = memory_run(calls[name], device, model if name in OURS else None)
         _progress(f"  {name}: memory run {seconds:.2f} s, peak {format_bytes(log.report()['peak_bytes'])}")
         outputs[name] = out
         if name == "bart_opt":
@@ -252,12 +261,18 @@ def run_task(task: str, engines: dict, batch: dict, device: torch.device, args) 
 
 def _add_output_stats(task: str, rows: dict, outputs: dict, pad_id: int) -> None:
     """Output agreement (and for generation, throughput figures) on the result rows."""
-    ref, ours = outputs["transformers"], outputs["bart_opt"]
+    ref = outputs["transformers"]
+    for name in OURS:
+        if name not in outputs:
+            continue
+        ours = outputs[name]
+        if task == "forward":
+            diff = (ref.float() - ours.float()).abs().max().item() if ref.shape == ours.shape else float("inf")
+            rows[name]["max_abs_logit_diff"] = diff
+        else:
+            rows[name]["equal_to_transformers"] = bool(ref.shape == ours.shape and torch.equal(ref, ours.to(ref.device)))
     if task == "forward":
-        diff = (ref.float() - ours.float()).abs().max().item() if ref.shape == ours.shape else float("inf")
-        rows["bart_opt"]["max_abs_logit_diff"] = diff
         return
-    rows["bart_opt"]["equal_to_transformers"] = bool(ref.shape == ours.shape and torch.equal(ref, ours.to(ref.device)))
     for name, seqs in outputs.items():
         generated = int((seqs[:, 1:] != pad_id).sum())  # tokens after the decoder start token
         row = rows[name]
@@ -265,22 +280,33 @@ def _add_output_stats(task: str, rows: dict, outputs: dict, pad_id: int) -> None
                    samples_per_s=seqs.shape[0] / row["seconds"], tokens_per_s=generated / row["seconds"])
 
 
+def _ratio(ours: dict, ref: dict) -> dict:
+    entry = {
+        "peak": ours["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
+        "seconds": ours["seconds"] / ref["seconds"],
+        "speedup": ref["seconds"] / ours["seconds"],
+    }
+    if "equal_to_transformers" in ours:
+        entry["outputs_equal"] = ours["equal_to_transformers"]
+    if "max_abs_logit_diff" in ours:
+        entry["max_abs_logit_diff"] = ours["max_abs_logit_diff"]
+    return entry
+
+
 def compute_ratios(results: list[dict]) -> dict:
-    """Per task: bart_opt / transformers for peak memory and seconds, the speed-up, output agreement."""
+    """Per task: bart_opt / transformers for peak memory and seconds, the speed-up, output agreement;
+    under "exact" the same for exact mode, plus its peak and seconds relative to the default's."""
     ratios = {}
     for task in dict.fromkeys(r["task"] for r in results):
         by = {r["engine"]: r for r in results if r["task"] == task}
-        ref, ours = by["transformers"], by["bart_opt"]
-        entry = {
-            "peak": ours["peak_bytes"] / ref["peak_bytes"] if ref["peak_bytes"] else None,
-            "seconds": ours["seconds"] / ref["seconds"],
-            "speedup": ref["seconds"] / ours["seconds"],
-        }
-        if "equal_to_transformers" in ours:
-            entry["outputs_equal"] = ours["equal_to_transformers"]
-        if "max_abs_logit_diff" in ours:
-            entry["max_abs_logit_diff"] = ours["max_abs_logit_diff"]
-        ratios[task] = entry
+        ratios[task] = _ratio(by["bart_opt"], by["transformers"])
+        if "bart_opt_exact" in by:
+            exact, default = by["bart_opt_exact"], by["bart_opt"]
+            ratios[task]["exact"] = {
+                **_ratio(exact, by["transformers"]),
+                "peak_vs_default": exact["peak_bytes"] / default["peak_bytes"] if default["peak_bytes"] else None,
+                "seconds_vs_default": exact["seconds"] / default["seconds"],
+            }
     return ratios
 
 
@@ -330,13 +356,20 @@ def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dic
         tps = f"{r['tokens_per_s']:.1f}" if "tokens_per_s" in r else ""
         peak = format_bytes(r["peak_bytes"])
         lines.append(f"| {r['task']} | {r['engine']} | {peak} | {r['seconds']:.3f} | {sps} | {tps} |")
-    lines += ["", "| task | peak (bart_opt / transformers) | time (bart_opt / transformers) | speed-up | same output |",
-              "|---|---:|---:|---:|---|"]
-    for task, q in ratios.items():
-        same = ("yes" if q["outputs_equal"] else "**NO**") if "outputs_equal" in q else (
-            f"max logit diff {q['max_abs_logit_diff']:.2e}")
-        peak = f"{q['peak']:.3f}x" if q["peak"] is not None else "n/a"
-        lines.append(f"| {task} | {peak} | {q['seconds']:.3f}x | {q['speedup']:.2f}x | {same} |")
+    lines += ["", "| task | mode | peak (bart_opt / transformers) | time (bart_opt / transformers) | speed-up "
+              "| same output | exact / default: peak, time |", "|---|---|---:|---:|---:|---|---|"]
+    for task, default in ratios.items():
+        for mode, q in (("default", default), ("exact", default.get("exact"))):
+            if q is None:
+                continue
+            same = ("yes" if q["outputs_equal"] else "**NO**") if "outputs_equal" in q else (
+                f"max logit diff {q['max_abs_logit_diff']:.2e}")
+            peak = f"{q['peak']:.3f}x" if q["peak"] is not None else "n/a"
+            versus = ""
+            if mode == "exact":
+                versus = (f"{q['peak_vs_default']:.2f}x, " if q["peak_vs_default"] is not None else "n/a, ") + (
+                    f"{q['seconds_vs_default']:.2f}x")
+            lines.append(f"| {task} | {mode} | {peak} | {q['seconds']:.3f}x | {q['speedup']:.2f}x | {same} | {versus} |")
     if overhead:
         g = overhead["generate_9_seconds"]
         lines += ["", "| logging overhead | value |", "|---|---:|",
@@ -358,11 +391,12 @@ def write_plot(path: str, results: list[dict], log: MemoryLog | None, title: str
     mib = 2**20
     fig, (bars, curve) = plt.subplots(1, 2, figsize=(12, 4.5))
     tasks = list(dict.fromkeys(r["task"] for r in results))
-    width = 0.38
-    for k, engine in enumerate(ENGINES):
+    engines = list(dict.fromkeys(r["engine"] for r in results))
+    width = 0.8 / len(engines)
+    for k, engine in enumerate(engines):
         peak = {r["task"]: r["peak_bytes"] / mib for r in results if r["engine"] == engine}
         peaks = [peak[t] for t in tasks]
-        xs = [i + (k - 0.5) * width for i in range(len(tasks))]
+        xs = [i + (k - (len(engines) - 1) / 2) * width for i in range(len(tasks))]
         drawn = bars.bar(xs, peaks, width, label=engine)
         bars.bar_label(drawn, fmt="%.0f", fontsize=8)
     bars.set_xticks(range(len(tasks)), tasks)
@@ -436,7 +470,7 @@ def _bench(args) -> int:
     with tempfile.TemporaryDirectory(prefix="bart-opt-bench-") as tmp:
         folder = args.model or build_random_checkpoint(tmp, args.size, args.seed, args.eos_bias)
         try:
-            engines = load_engines(folder, device, dtype)
+            engines = load_engines(folder, device, dtype, exact=not args.skip_exact)
         except (OSError, ValueError) as exc:
             print(f"bart-opt bench: cannot load {folder}: {exc}", file=sys.stderr)
             return 2

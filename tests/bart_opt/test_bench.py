@@ -10,7 +10,7 @@ from bart_opt import bench
 def test_tiny_bench_writes_json_table_and_plot(tmp_path, capsys):
     out_json, out_png = tmp_path / "bench.json", tmp_path / "bench.png"
     status = bench.main(
-        ["--size", "tiny", "--max-len", "48", "--batch-size", "3", "--repeats", "0", "--threads", "1",
+        ["--size", "tiny", "--device", "cpu", "--max-len", "48", "--batch-size", "3", "--repeats", "0", "--threads", "1",
          "--json", str(out_json), "--plot", str(out_png)]
     )
     assert status == 0
@@ -27,11 +27,14 @@ def test_tiny_bench_writes_json_table_and_plot(tmp_path, capsys):
         assert row["peak_bytes"] > 0 and row["seconds"] > 0
         assert row["peak_source"] == "live_tensors"
     assert rows["bart_opt", "forward"]["weights_bytes"] == rows["transformers", "forward"]["weights_bytes"]
+    assert rows["bart_opt_exact", "forward"]["weights_bytes"] == rows["bart_opt", "forward"]["weights_bytes"]
     for task in ("generate_9", "throughput_cnn"):
-        ours, ref = rows["bart_opt", task], rows["transformers", task]
-        assert ours["equal_to_transformers"] is True
-        assert ours["generated_tokens"] == ref["generated_tokens"] > 0
-        assert ours["samples_per_s"] == 3 / ours["seconds"]
+        ref = rows["transformers", task]
+        for engine in ("bart_opt", "bart_opt_exact"):
+            ours = rows[engine, task]
+            assert ours["equal_to_transformers"] is True
+            assert ours["generated_tokens"] == ref["generated_tokens"] > 0
+            assert ours["samples_per_s"] == 3 / ours["seconds"]
     assert rows["bart_opt", "generate_9"]["output_len"] == 10  # decoder start + 9 new tokens
     assert rows["bart_opt", "throughput_cnn"]["output_len"] >= 57  # min_length 56 after the start token
 
@@ -42,12 +45,18 @@ def test_tiny_bench_writes_json_table_and_plot(tmp_path, capsys):
     assert gen["peak"] == ours["peak_bytes"] / ref["peak_bytes"]
     assert gen["outputs_equal"] is True
     assert ratios["forward"]["max_abs_logit_diff"] < 1e-3
+    exact = rows["bart_opt_exact", "generate_9"]
+    assert gen["exact"]["outputs_equal"] is True
+    assert gen["exact"]["peak"] == exact["peak_bytes"] / ref["peak_bytes"]
+    assert gen["exact"]["peak_vs_default"] == exact["peak_bytes"] / ours["peak_bytes"]
+    assert ratios["forward"]["exact"]["max_abs_logit_diff"] == 0.0
 
     overhead = payload["log_overhead"]
     assert overhead["log_mem_us"] > 0 and overhead["counter_slowdown"] > 0
 
     printed = capsys.readouterr().out
-    assert "| generate_9 | bart_opt |" in printed and "peak (bart_opt / transformers)" in printed
+    assert "| generate_9 | bart_opt |" in printed and "| generate_9 | bart_opt_exact |" in printed
+    assert "peak (bart_opt / transformers)" in printed and "| generate_9 | exact |" in printed
     assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

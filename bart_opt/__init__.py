@@ -1,4 +1,4 @@
-"""bart_opt: a memory-optimized BART that generates exactly what transformers generates."""
+"""bart_opt: a memory-optimized BART; with `exact=True` it generates exactly what transformers generates."""
 
 from bart_opt.errors import InvalidRequest
 from bart_opt.model import Bart

@@ -33,13 +33,16 @@ Cancelled = Callable[[], Collection[int]]
 @torch.inference_mode()
 def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None = None, *,
              cancelled: Cancelled | None = None, **kwargs) -> torch.Tensor:
-    """Token ids (B, L) exactly as transformers' `generate` returns them for the same weights.
+    """Token ids (B, L) as transformers' `generate` returns them for the same weights: bit for bit in
+    exact mode (`model.exact`), up to near-ties resolved differently in the default mode.
 
     Settings come from `spec` when given (then no keyword options are allowed), else they are
     resolved from `kwargs` over the checkpoint's generation config (`Bart.generation_spec`).
     `cancelled`, when given, is called after every decoder step; the rows it returns stop
     there (a row cancelled before it finished comes back as the decoder start token and
-    padding) and every other row's ids are the ones an uncancelled call gives.
+    padding) and every other row's ids are the ones an uncancelled call gives (bit for bit in
+    exact mode, where cancelled rows stay in the batch; up to near-ties in the default mode,
+    where they leave it and the row count of every matrix product changes).
     """
     if spec is None:
         spec = model.generation_spec(kwargs)

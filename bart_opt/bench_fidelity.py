@@ -131,7 +131,7 @@ def generate_all(engine, inputs, batch_size: int, settings: dict, device, pad_id
     return outputs
 
 
-def sequence_score(hf, source: torch.Tensor, hypothesis: tuple[int, ...], settings, device) -> float:
+def sequence_score(hf, source: torch.Tensor, hypothesis: tuple[int, ...], spec, device) -> float:
     """transformers' beam score of `hypothesis` (start token first) for input `source`:
     processed log-probs summed over the generated tokens, divided by their count**length_penalty."""
     hyp = torch.tensor(hypothesis, device=device)
@@ -140,12 +140,12 @@ def sequence_score(hf, source: torch.Tensor, hypothesis: tuple[int, ...], settin
     log_probs = F.log_softmax(logits, dim=-1)  # (L-1, V)
     total = 0.0
     for t in range(len(hypothesis) - 1):
-        step = process_scores(hyp[None, : t + 1], log_probs[t : t + 1], settings)  # (1, V)
+        step = process_scores(hyp[None, : t + 1], log_probs[t : t + 1], spec)  # (1, V)
         total += float(step[0, hypothesis[t + 1]])
-    return total / ((len(hypothesis) - 1) ** settings.length_penalty)
+    return total / ((len(hypothesis) - 1) ** spec.length_penalty)
 
 
-def compare(reference, other, inputs, hf, settings, device) -> Comparison:
+def compare(reference, other, inputs, hf, spec, device) -> Comparison:
     """Identical outputs of `other` vs `reference`, and transformers' score gap for each that differs."""
     result = Comparison(identical=0, total=len(reference))
     for i, (ref, got) in enumerate(zip(reference, other)):
@@ -153,7 +153,7 @@ def compare(reference, other, inputs, hf, settings, device) -> Comparison:
             result.identical += 1
             continue
         result.differing.append(i)
-        gap = sequence_score(hf, inputs[i], ref, settings, device) - sequence_score(hf, inputs[i], got, settings, device)
+        gap = sequence_score(hf, inputs[i], ref, spec, device) - sequence_score(hf, inputs[i], got, spec, device)
         result.score_gaps.append(gap)
     return result
 
@@ -164,7 +164,6 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     from transformers import BartForConditionalGeneration
 
     from bart_opt import Bart
-    from bart_opt.generation import resolve_settings
 
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
@@ -174,7 +173,7 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     searches = [("beam", work.num_beams)] + ([("greedy", 1)] if greedy else [])
     for name, beams in searches:
         kwargs = work.settings(beams)
-        resolved = resolve_settings(ours, kwargs)
+        spec = ours.generation_spec(kwargs)
         runs = {}
         for engine, mode, batch in [("transformers", None, work.batch_size),
                                     *[("bart_opt", m, work.batch_size) for m in modes],
@@ -191,7 +190,7 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
         report[name] = {
             "output_tokens": {"min": min(lengths), "mean": sum(lengths) / len(lengths), "max": max(lengths)},
             "distinct_outputs": len(set(reference)),
-            **{label: compare(reference, out, inputs, hf, resolved, device).as_dict()
+            **{label: compare(reference, out, inputs, hf, spec, device).as_dict()
                for label, out in runs.items() if label != f"transformers_b{work.batch_size}"},
         }
     return report

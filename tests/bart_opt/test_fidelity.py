@@ -14,7 +14,6 @@ from transformers import BartForConditionalGeneration
 
 from bart_opt import Bart
 from bart_opt.bench_fidelity import SHAPES, Workload, make_inputs, padded, sequence_score, strip
-from bart_opt.generation import resolve_settings
 
 WORK = Workload()
 # The default's identical outputs among these 8 in the published measurement, and the largest
@@ -71,7 +70,7 @@ def test_default_mode_keeps_its_published_agreement(run):
     identical = sum(a == b for a, b in zip(expected, got))
     assert identical >= PUBLISHED_DEFAULT_IDENTICAL[run["dtype"]], f"{identical}/8 in {run['dtype']}"
     # Every output that differs is a near-tie under transformers' own scoring.
-    settings = resolve_settings(run["ours"], WORK.settings(WORK.num_beams))
+    settings = run["ours"].generation_spec(WORK.settings(WORK.num_beams))
     for i, (a, b) in enumerate(zip(expected, got)):
         if a != b:
             gap = abs(sequence_score(run["hf"], run["inputs"][i], a, settings, "cpu")

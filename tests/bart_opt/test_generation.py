@@ -198,6 +198,22 @@ def test_cancelled_rows_leave_after_the_step_and_the_others_match_transformers(m
         assert _unpadded(got[row], pad) == [start]
 
 
+@pytest.mark.parametrize("beams", [1, 3])
+def test_exact_mode_keeps_cancelled_rows_in_the_batch_and_the_others_bit_for_bit(make_checkpoint, beams):
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    options = dict(num_beams=beams, min_length=0, max_length=20)
+    expected = reference_generate(path, ids, mask, **options)
+    model = Bart.from_pretrained(path, exact=True)
+    rows, got = _steps_and_ids(model, ids, mask, lambda: {1, 3}, **options)
+    assert set(rows) == {5 * beams}  # nobody left the batch
+    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
+    for row in (0, 2, 4):
+        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
+    for row in (1, 3):
+        assert _unpadded(got[row], pad) == [start]
+
+
 def test_cancelling_every_row_ends_the_call(make_checkpoint):
     path = make_checkpoint(**CHECKPOINTS["base"])
     ids, mask = batch(path, (2, 3), seed=4)

@@ -240,25 +240,34 @@ def _device_name(device: torch.device) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``bart-opt check``; 0 when every check passed, 1 otherwise."""
-    from transformers.utils import logging as hf_logging
-
+    """Entry point of ``bart-opt check``; 0 when every check passed, 1 otherwise (2: bad usage)."""
     p = argparse.ArgumentParser(prog="bart-opt check", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("--out", default="bart-opt-check", help="folder for check.json (default ./bart-opt-check)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads for the run")
     args = p.parse_args(argv)
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(args.device)
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("bart-opt check: --device cuda given but no CUDA device is available", file=sys.stderr)
         return 2
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        payload = _run(device, Path(args.out))
+    finally:
+        torch.set_num_threads(threads)  # main() may be called in-process (tests, the CLI)
+    return 0 if payload["passed"] else 1
+
+
+def _run(device: torch.device, out: Path) -> dict:
+    import transformers
+    from transformers.utils import logging as hf_logging
+
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    import transformers
-
     with tempfile.TemporaryDirectory(prefix="bart-opt-check-") as tmp:
         outcomes = run_checks(device, Path(tmp))
     print(format_table(device, outcomes))
@@ -267,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                "checks": [{"name": o.name, "ok": o.ok, "detail": o.detail, "seconds": o.seconds, "data": o.data}
                           for o in outcomes]}
     (out / "check.json").write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    return 0 if payload["passed"] else 1
+    return payload
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ Both modes keep every decoder layer's cross-attention keys and values once per i
   instead of 1, which rounds differently in the last bits, and beam search can turn such a
   difference into another (near-tied) hypothesis.
 * `ExactCrossAttention` (`exact=True`): the kernels get the inputs transformers' BART gives them
-  during beam search, which expands the encoder output per beam and caches per-beam keys/values:
-  the projections run on the per-beam copy of the encoder states (same matrix-product shape, so
-  the same kernel and rounding) and one beam's rows are kept; each attention call expands the
-  one layer it needs to (B*beams, H, S, d), contiguous, with a materialized (B*beams, 1, T, S)
-  bool mask, and drops it when done. The per-beam copies of all layers never exist together.
+  during beam search, which expands the encoder output per beam and caches contiguous per-beam
+  keys/values: the projections run on the per-beam copy of the encoder states (same
+  matrix-product shape, so the same kernel and rounding) and one beam's rows are kept; each
+  attention call expands the one layer it needs to (B*beams, H, S, d), contiguous, with a
+  materialized (B*beams, 1, T, S) bool mask, and drops it when done. The per-beam copies of all
+  layers never exist together.
 """
 
 from __future__ import annotations
@@ -104,7 +105,8 @@ class ExactCrossAttention(SharedCrossAttention):
     @staticmethod
     def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
         if beams == 1:
-            return attn.keys_values(memory)
+            k, v = attn.keys_values(memory)
+            return k.contiguous(), v.contiguous()  # (B, H, S, d), laid out as transformers caches them
         # transformers projects the per-beam copy of the encoder states: a matrix product with
         # beams x the rows, whose kernel (and so rounding) may differ from the un-expanded one's.
         # Its rows for the beams of one input are equal; one beam's are kept.

@@ -83,9 +83,8 @@ class Attention(nn.Module):
         return self.out_proj(self.merge(out))
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention keys and values of encoder states (B, S, D): two contiguous (B, H, S, d)
-        tensors, laid out as transformers caches them."""
-        return self.split(self.k_proj(memory)).contiguous(), self.split(self.v_proj(memory)).contiguous()
+        """Cross-attention keys and values of encoder states (B, S, D): two (B, H, S, d) views."""
+        return self.split(self.k_proj(memory)), self.split(self.v_proj(memory))
 
 
 def feed_forward(x: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear, act, chunked: bool = True) -> torch.Tensor:

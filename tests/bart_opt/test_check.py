@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from bart_opt.cli import main
 
 
-@pytest.fixture
-def one_thread():
-    """Small models on a shared 2-core machine run far faster on one intra-op thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def test_check_passes_on_cpu_and_writes_its_report(tmp_path, capsys, one_thread):
-    assert main(["check", "--device", "cpu", "--out", str(tmp_path)]) == 0
+def test_check_passes_on_cpu_and_writes_its_report(tmp_path, capsys):
+    threads = torch.get_num_threads()
+    # One thread: small models on a shared 2-core machine run far faster that way.
+    assert main(["check", "--device", "cpu", "--threads", "1", "--out", str(tmp_path)]) == 0
+    assert torch.get_num_threads() == threads
     report = json.loads((tmp_path / "check.json").read_text())
     assert report["passed"] is True and report["device"] == "cpu"
     checks = {c["name"]: c for c in report["checks"]}

@@ -13,9 +13,9 @@ Both modes keep every decoder layer's cross-attention keys and values once per i
   during beam search, which expands the encoder output per beam and caches contiguous per-beam
   keys/values: the projections run on the per-beam copy of the encoder states (same
   matrix-product shape, so the same kernel and rounding) and one beam's rows are kept; each
-  attention call expands the one layer it needs to (B*beams, H, S, d), contiguous, with a
-  materialized (B*beams, 1, T, S) bool mask, and drops it when done. The per-beam copies of all
-  layers never exist together.
+  attention call copies the one layer it needs to (B*beams, H, S, d), contiguous, into buffers
+  all layers share, with a materialized (B*beams, 1, T, S) bool mask. The per-beam copies of
+  all layers never exist together.
 """
 
 from __future__ import annotations
@@ -94,13 +94,15 @@ class SharedCrossAttention:
 class ExactCrossAttention(SharedCrossAttention):
     """Cross-attention shaped as transformers shapes it, for bit-identical outputs.
 
-    Keys/values stay once per input between calls; a call expands the one layer it needs to
-    (B*beams, H, S, d), contiguous, and drops it when done.
+    Keys/values stay once per input between calls; a call copies the one layer it needs into
+    a (B*beams, H, S, d) pair of buffers, contiguous, that every layer and step reuses (a fresh
+    allocation of that size per call costs more in page faults than the copy itself).
     """
 
     def __init__(self, kv: KeysValues, attention_mask: torch.Tensor | None, beams: int):
         super().__init__(kv, attention_mask, beams)
         self._row_masks: dict[int, torch.Tensor] = {}
+        self._per_beam: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +120,7 @@ class ExactCrossAttention(SharedCrossAttention):
     def keep(self, rows: torch.Tensor) -> None:
         super().keep(rows)
         self._row_masks.clear()
+        self._per_beam = None
 
     def _row_mask(self, t: int) -> torch.Tensor | None:
         """(B*beams, 1, T, S) bool mask, materialized as transformers materializes it; built once per T."""
@@ -128,11 +131,19 @@ class ExactCrossAttention(SharedCrossAttention):
             self._row_masks[t] = rows[:, None, None, :].expand(-1, 1, t, -1).contiguous()
         return self._row_masks[t]
 
+    def _expand(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's (B, H, S, d) keys/values copied per beam into the shared (B*beams, H, S, d) buffers."""
+        b, h, s, d = k.shape
+        if self._per_beam is None:
+            self._per_beam = (k.new_empty(b * self.beams, h, s, d), v.new_empty(b * self.beams, h, s, d))
+        for source, buffer in zip((k, v), self._per_beam):
+            buffer.view(b, self.beams, h, s, d).copy_(source[:, None].expand(b, self.beams, h, s, d))
+        return self._per_beam
+
     def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
         k, v = self.kv[layer]  # (B, H, S, d)
         if self.beams > 1:
-            k = k.repeat_interleave(self.beams, dim=0)  # (B*beams, H, S, d), this layer only
-            v = v.repeat_interleave(self.beams, dim=0)
+            k, v = self._expand(k, v)  # (B*beams, H, S, d)
         q = attn.split(attn.q_proj(x))  # (B*beams, H, T, d)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._row_mask(x.shape[1]), scale=attn.scaling)
         return attn.out_proj(attn.merge(out))  # (B*beams, T, D)

@@ -150,6 +150,19 @@ def test_cross_attention_state_does_not_grow_with_beams(make_checkpoint):
     assert eight - one < 0.25 * cross_bytes, (one, eight, cross_bytes)
 
 
+def test_exact_mode_holds_per_beam_cross_attention_state_for_one_layer_only(make_checkpoint):
+    path = make_checkpoint(init_std=0.2, d_model=64, decoder_layers=4, encoder_layers=1, ffn_dim=64)
+    model = Bart.from_pretrained(path, exact=True)
+    ids = torch.randint(4, 500, (2, 400))
+    mask = torch.ones_like(ids)
+    cfg = model.config
+    cross_bytes = cfg.decoder_layers * 2 * ids.numel() * cfg.d_model * 4  # all layers, once per input
+    one_layer_per_beam = 2 * 8 * ids.numel() * cfg.d_model * 4  # one layer's K and V for 8 beams
+    grown = _decode_state_bytes(model, ids, mask, 8) - _decode_state_bytes(model, ids, mask, 1)
+    # transformers holds every layer per beam (7 x cross_bytes more than one copy); exact mode one layer's.
+    assert one_layer_per_beam <= grown < one_layer_per_beam + 0.25 * cross_bytes, (grown, one_layer_per_beam)
+
+
 def _steps_and_ids(model, ids, mask, cancelled, **options):
     """Working rows fed to each decoder step, and the generated ids, of one generate call."""
     rows = []

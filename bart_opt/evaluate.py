@@ -47,6 +47,9 @@ METRICS_FILE = "metrics.json"
 RUN_FILE = "run.json"
 
 
+Predict = Callable[..., Iterable[list[dict]]]  # predict(records, spec, *, skip_ids) -> lists of prediction rows
+
+
 @dataclass
 class PredictionBatch:
     """One finished batch: its prediction rows and the summarizer's outcome (calls, memory)."""
@@ -91,6 +94,16 @@ def prediction_row(record: Record, summary: str, item: Mapping[str, Any], batch_
         "padding_avoided": item["padding_avoided"],
         "seconds": sum(item["timing"].values()),
         "batch_peak_bytes": batch_peak_bytes,
+    }
+
+
+def refused_row(record: Record, reason: str) -> dict:
+    """The stored row of a record refused before the model (too long, not valid text): the
+    reason instead of a summary; left out of ROUGE."""
+    return {
+        "id": record.id, "prediction": "", "reference": record.reference, "rouge": None, "error": reason,
+        "input_tokens": 0, "output_tokens": 0, "truncated": False, "padding_computed": 0, "padding_avoided": 0,
+        "seconds": 0.0, "batch_peak_bytes": 0,
     }
 
 
@@ -250,6 +263,7 @@ def run_evaluation(
     on_batch: Callable[[list[dict]], None] | None = None,
     source: str | None = None,
     overwrite: bool = False,
+    predict: Predict | None = None,
 ) -> dict:
     """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
 
@@ -257,7 +271,12 @@ def run_evaluation(
     `progress` shows a tqdm bar on stderr. `on_batch(rows)` runs after each batch is
     on disk (a hook for callers and tests; raising from it stops the run, leaving a
     resumable directory). `source` names the dataset in run.json and in messages.
-    `overwrite` deletes an earlier run in `out_dir` and starts over. Raises
+    `overwrite` deletes an earlier run in `out_dir` and starts over.
+    `predict(records, spec, skip_ids=...)` runs the model elsewhere (default: `iter_predictions`
+    on `summarizer`), yielding lists of rows; a row whose id is already stored is dropped (a
+    batch run again after a fault). With it, `summarizer` only describes the model (``name``,
+    ``scorer``, ``device``, ``count_cpu_tensors``, ``generation_spec``): `bart_opt.distributed`'s
+    `ReplicaPool` is both. Raises
     `InvalidRequest` for bad generation options (before anything is written) and
     ValueError when `out_dir` holds a run made with another model, other generation
     settings or another dataset (ids, texts and references are fingerprinted).
@@ -278,12 +297,19 @@ def run_evaluation(
     done = len(wanted & rows.keys())
     start = time.perf_counter()
     with tqdm(total=len(records), initial=done, unit="doc", desc="evaluate", disable=not progress) as bar:
-        for batch in iter_predictions(summarizer, records, spec, skip_ids=rows.keys()):
-            store.append(batch.rows)
-            rows.update((row["id"], row) for row in batch.rows)
-            bar.update(len(batch.rows))
+        if predict is None:
+            batches = (batch.rows for batch in iter_predictions(summarizer, records, spec, skip_ids=rows.keys()))
+        else:
+            batches = predict(records, spec, skip_ids=rows.keys())
+        for batch in batches:
+            fresh = list({row["id"]: row for row in batch if row["id"] not in rows}.values())
+            if not fresh:
+                continue
+            store.append(fresh)
+            rows.update((row["id"], row) for row in fresh)
+            bar.update(len(fresh))
             if on_batch is not None:
-                on_batch(batch.rows)
+                on_batch(fresh)
     metrics = compute_metrics(rows, records, summarizer=summarizer, generation=settings)
     metrics["wall_s_last_run"] = time.perf_counter() - start
     metrics["resumed_from"] = done

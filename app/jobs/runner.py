@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate import metrics_from_rows, prediction_row
+from bart_opt.evaluate import metrics_from_rows, prediction_row, refused_row
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Encoded, Summarizer
 
@@ -344,15 +344,21 @@ class JobRunner:
                 row = _error_row(batch[0].stored, reason, batch[0].encoded)
                 write = BatchWrite(rows=[row], positions=[batch[0].position], run=run.number)
             self._write(run, write)
-            for row in write.rows:
-                if row["error"] is None:
-                    run.streak = 0
-                else:
-                    run.streak, run.last_error = run.streak + 1, row["error"]
-            if run.streak >= MAX_FAILURE_STREAK:
-                self._store(self.store.fail, run.job_id, f"{run.streak} examples in a row failed on the model; "
-                            f"the last one: {run.last_error}", self.owner)
+            if not self._tally(run, write.rows):
                 return False
+        return True
+
+    def _tally(self, run: _Run, rows: list[dict]) -> bool:
+        """Count failures in a row; False when `MAX_FAILURE_STREAK` of them failed the job."""
+        for row in rows:
+            if row["error"] is None:
+                run.streak = 0
+            else:
+                run.streak, run.last_error = run.streak + 1, row["error"]
+        if run.streak >= MAX_FAILURE_STREAK:
+            self._store(self.store.fail, run.job_id, f"{run.streak} examples in a row failed on the model; "
+                        f"the last one: {run.last_error}", self.owner)
+            return False
         return True
 
     def _write(self, run: _Run, write: BatchWrite) -> None:
@@ -420,13 +426,17 @@ class JobRunner:
                         self.owner)
             logger.info("job %s failed: every example failed", job_id)
             return
-        summarizer = self.summarize.summarizer
-        metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), summarizer=summarizer,
+        model = self._model()
+        metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), summarizer=model,
                                                         generation=generation))
         if self._store(self.store.finish, job_id, self.owner, metrics):
             logger.info("job %s succeeded (%d of %d examples failed)", job_id, job["failed"], job["total"])
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def _model(self) -> Summarizer:
+        """What the final metrics name as the model and its device: the summarizer the batches ran on."""
+        return self.summarize.summarizer
 
     def _store(self, call: Callable[..., T], *args: Any) -> T:
         """`call(*args)`, retried with backoff while the store fails, for up to `store_retry_s`.
@@ -474,10 +484,8 @@ class _Run:
 
 
 def _error_row(stored: StoredRecord, reason: str, encoded: Encoded | None) -> dict:
-    """The row of a record that has no summary: the reason, left out of ROUGE."""
-    return {
-        "id": stored.record.id, "prediction": "", "reference": stored.record.reference, "rouge": None,
-        "error": reason, "input_tokens": len(encoded.ids) if encoded else 0, "output_tokens": 0,
-        "truncated": encoded.truncated if encoded else False, "padding_computed": 0, "padding_avoided": 0,
-        "seconds": 0.0, "batch_peak_bytes": 0,
-    }
+    """The row of a record that has no summary: the reason (with its token count once tokenized)."""
+    row = refused_row(stored.record, reason)
+    if encoded is not None:
+        row.update(input_tokens=len(encoded.ids), truncated=encoded.truncated)
+    return row

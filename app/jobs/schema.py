@@ -19,6 +19,9 @@ Version 2 (this module's reason to exist):
 - ``predictions.failed``: 1 for rows with an error, with a partial index, so the failures of
   a job are listed without reading its other rows.
 - ``job_counts``: jobs per status, maintained by triggers, so counting never scans ``jobs``.
+
+Version 3: ``jobs.status_detail``, what a running job is waiting for or running on, in words
+(set by the runner of a job on a Ray cluster; NULL otherwise and once the job leaves ``running``).
 """
 
 from __future__ import annotations
@@ -144,7 +147,11 @@ CREATE TRIGGER jobs_counted_moved AFTER UPDATE OF status ON jobs WHEN OLD.status
 END;
 """
 
-STEPS = (_V1, _V2)  # STEPS[k] takes a database from version k to version k + 1
+_V3 = """
+ALTER TABLE jobs ADD COLUMN status_detail TEXT;
+"""
+
+STEPS = (_V1, _V2, _V3)  # STEPS[k] takes a database from version k to version k + 1
 VERSION = len(STEPS)
 
 

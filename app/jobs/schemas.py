@@ -150,6 +150,10 @@ class JobView(BaseModel):
     tokens: dict | None = None
     padding: dict | None = None
     error: str | None
+    status_detail: str | None = Field(
+        None, description="What a running job waits for or runs on (jobs on a Ray cluster), e.g. 'starting 2 "
+        "replicas of 1 CPU each (each loads the model)'."
+    )
     runs: int
     links: dict[str, str]
 

@@ -68,7 +68,13 @@ class JobService:
         self._store_ready = threading.Event()
         config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
                               window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s)
-        self.runner = JobRunner(self.store, summarize, config, self.owner, self._store_ready)
+        if settings.ray_address is None:
+            self.runner = JobRunner(self.store, summarize, config, self.owner, self._store_ready)
+        else:  # jobs run on a Ray cluster; only then is Ray imported
+            from app.jobs.ray_runner import RayJobRunner
+
+            self.runner = RayJobRunner.from_settings(settings, self.store, summarize, config, self.owner,
+                                                     self._store_ready)
         limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
         self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)
         self._hub_allowed = parse_allowlist(settings.hub_datasets)
@@ -382,6 +388,7 @@ class JobService:
             "tokens": metrics.get("tokens"),
             "padding": metrics.get("padding"),
             "error": job["error"],
+            "status_detail": job["status_detail"],
             "runs": job["runs"],
             "links": links,
         }

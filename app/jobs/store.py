@@ -5,7 +5,8 @@ One file (``BART_OPT_DB``) shared by every service process that points at it. Th
 
 - ``jobs``: one row per job: status, model, dataset, columns, effective generation settings,
   counters (``done``, ``failed``, ``total``, ``peak_bytes``), the idempotency key, run
-  bookkeeping, the lease (``owner``, ``lease_until``) and, once finished, the final metrics.
+  bookkeeping, the lease (``owner``, ``lease_until``), what a running job waits for
+  (``status_detail``) and, once finished, the final metrics.
 - ``records``: the job's input records, copied at submission so that a resume reads exactly
   what was submitted; ``error`` marks a record that cannot run (it gets an error row, no model call).
 - ``predictions``: one row per example, primary key ``(job_id, example_id)``.
@@ -460,7 +461,8 @@ class JobStore:
                     continue
                 connection.execute(
                     "UPDATE jobs SET status = 'running', runs = runs + 1, stalled_runs = ?, done_at_start = done,"
-                    " started_at = COALESCE(started_at, ?), owner = ?, lease_until = ? WHERE id = ?",
+                    " started_at = COALESCE(started_at, ?), owner = ?, lease_until = ?, status_detail = NULL"
+                    " WHERE id = ?",
                     (stalled, now, owner, now + lease_s, row["id"]),
                 )
                 job = _job(connection.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone())
@@ -479,11 +481,19 @@ class JobStore:
             (time.time() + lease_s, job_id, owner, *statuses),
         ).rowcount == 1
 
+    def set_detail(self, job_id: str, owner: str, detail: str | None) -> bool:
+        """Say what a running job of `owner` waits for or runs on (``status_detail``); False if it is not."""
+        with self._write() as connection:
+            return connection.execute(
+                "UPDATE jobs SET status_detail = ? WHERE id = ? AND owner = ? AND status = 'running'",
+                (detail, job_id, owner),
+            ).rowcount == 1
+
     def release(self, job_id: str, owner: str) -> bool:
         """Hand a running job of `owner` back to the queue on a clean stop (no stall is counted)."""
         with self._write() as connection:
             return connection.execute(
-                "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL,"
+                "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, status_detail = NULL,"
                 " stalled_runs = CASE WHEN done > COALESCE(done_at_start, done) THEN 0 ELSE stalled_runs END,"
                 " done_at_start = NULL WHERE id = ? AND owner = ? AND status = 'running'",
                 (job_id, owner),
@@ -542,7 +552,8 @@ class JobStore:
         mine = " AND owner = ?" if owner is not None else ""
         with self._write() as connection:
             changed = connection.execute(
-                f"UPDATE jobs SET status = ?, finished_at = ?, owner = NULL, lease_until = NULL{assignments}"
+                f"UPDATE jobs SET status = ?, finished_at = ?, owner = NULL, lease_until = NULL, status_detail = NULL"
+                f"{assignments}"
                 f" WHERE id = ? AND status IN ({marks}){mine}",
                 (status, time.time(), *columns.values(), job_id, *allowed, *([owner] if owner is not None else [])),
             ).rowcount

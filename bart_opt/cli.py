@@ -43,7 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.func(args) or 0
     except InvalidRequest as error:
-        where = f"--{error.field.replace('_', '-')}" if error.field in REQUEST_OPTIONS else error.field
+        named = error.field in REQUEST_OPTIONS or error.field in vars(args)  # a field that is one of our options
+        where = f"--{error.field.replace('_', '-')}" if named else error.field
         print(f"bart-opt {args.command}: error: {where}: {_one_line(error.message)}", file=sys.stderr)
         return EXIT_USAGE
     except (CliError, ValueError, FileNotFoundError, OSError) as error:
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _generation_options(evaluate)
+    _ray_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
@@ -146,6 +148,17 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--length-penalty", type=float)
     group.add_argument("--no-repeat-ngram-size", type=int)
     group.add_argument("--early-stopping", choices=["true", "false", "never"])
+
+
+def _ray_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("on a Ray cluster (pip install 'bart-opt[ray]')")
+    group.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                       help="run replicas of the model on a Ray cluster: no ADDRESS (or 'local') starts a Ray "
+                            "instance here, 'auto' joins this node's cluster (ray start), HOST:PORT the cluster there")
+    group.add_argument("--replicas", type=int, help="model replicas (default: as many as the cluster holds)")
+    group.add_argument("--gpus-per-replica", type=float, help="GPUs of each replica (default 0: on the CPU)")
+    group.add_argument("--threads-per-replica", type=int, help="torch threads (and Ray CPUs) of each replica "
+                                                               "(default 1)")
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
@@ -232,11 +245,53 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     source = args.data if args.data is not None else " ".join(
         part for part in (args.dataset, args.dataset_config, args.split) if part)
-    summarizer = load_summarizer(args)
-    metrics = run_evaluation(summarizer, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                             source=source, overwrite=args.overwrite)
+    if args.ray is not None:
+        metrics = evaluate_on_ray(args, records, source)
+    else:
+        for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
+            if getattr(args, option) is not None:
+                raise CliError(f"--{option.replace('_', '-')} needs --ray")
+        metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
+                                 progress=not args.no_progress, source=source, overwrite=args.overwrite)
     print(json.dumps(metrics, indent=2))
     return 0
+
+
+def evaluate_on_ray(args: argparse.Namespace, records: list, source: str) -> dict:
+    """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder."""
+    try:
+        from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaConfig, ReplicaPool
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "ray":
+            raise
+        raise CliError("--ray needs Ray: pip install 'bart-opt[ray]'") from None
+    from bart_opt.evaluate import run_evaluation
+    from bart_opt.loading import resolve_checkpoint
+
+    if args.device is not None:
+        raise CliError("--device does not apply with --ray: replicas run on a GPU with --gpus-per-replica, "
+                       "else on the CPU")
+    given = {name: getattr(args, name) for name in ("replicas", "gpus_per_replica", "threads_per_replica")
+             if getattr(args, name) is not None}
+    options = ClusterOptions(address=args.ray, **given)
+    budgets = {name: getattr(args, name) for name in ("max_batch_tokens", "max_batch_size")
+               if getattr(args, name) is not None}
+    folder = resolve_checkpoint(args.model)
+    # Replicas start in other folders: a local checkpoint goes to them by its absolute path.
+    model = str(folder.resolve()) if Path(args.model).expanduser().is_dir() else args.model
+    config = ReplicaConfig(model=model, dtype=args.dtype, count_cpu_tensors=not args.no_memory_count, **budgets)
+    pool = ReplicaPool(config, options, name=args.model,
+                       on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
+    try:
+        metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
+                                 source=source, overwrite=args.overwrite, predict=pool.iter_predictions)
+    except ClusterError as error:
+        cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
+        raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
+    if pool.placement is not None:
+        started = ", ".join(f"{key} {value:.1f} s" for key, value in pool.timings.items())
+        print(f"bart-opt evaluate: Ray: {pool.placement.describe()}; {started}", file=sys.stderr)
+    return metrics
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,3 +33,20 @@ def make_checkpoint(tmp_path_factory):
 def demo_checkpoint(make_checkpoint) -> str:
     """The default demo checkpoint: 2+2 layers, d_model 32, byte-level BPE tokenizer, CNN-like generation config."""
     return make_checkpoint(init_std=0.2)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> str:
+    """One local Ray instance for the whole session (2 CPUs, no dashboard, a 150 MB object store,
+    workers' output not sent to the driver); yields its address for ``--ray ADDRESS``.
+
+    Its workers import this checkout (Ray puts the driver's working directory on their path) and
+    inherit this process's environment (HF_HUB_OFFLINE above).
+    """
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=150 * 2**20,
+             logging_level=logging.WARNING)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

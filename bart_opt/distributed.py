@@ -1,0 +1,474 @@
+"""Evaluation past one machine: replicas of the `Summarizer` on a Ray cluster, fed by Ray Data.
+
+`ReplicaPool.run(dataset, spec)` maps a Ray Dataset of records through
+``map_batches(Replica, compute=ActorPoolStrategy(size=N))``: a fixed pool of N Ray actors, each
+of which loads the model once (`Replica.__init__`) and runs every call's records through the
+same pipeline as one process (`bart_opt.evaluate.iter_predictions`: token-budget batches,
+padding trim, out-of-memory splitting, ROUGE). Ray Data distributes the calls, applies
+backpressure and retries; nothing here schedules. The driver gets one `ReplicaBatch` per
+planned batch (its prediction rows, memory peak, seconds, the replica that ran it) as each
+finishes, in whatever order, and decides where the rows go.
+
+`ReplicaPool` is also what `bart_opt.evaluate.run_evaluation` needs from its model without
+loading the weights on the driver (``name``, ``scorer``, ``device``, ``count_cpu_tensors``,
+``generation_spec``), and `ReplicaPool.iter_predictions` is its ``predict`` for records in
+memory (``bart-opt evaluate --ray``).
+
+Resources: a replica asks Ray for ``gpus_per_replica`` GPUs and ``threads_per_replica`` CPUs
+(its torch threads), so a 2-CPU machine holds two one-thread replicas; records in driver memory
+need no read tasks, and a source read on the driver's node (the service's jobs) asks for no CPU.
+
+Faults and bounds:
+
+- a replica that dies (its process killed, its node lost) is restarted by Ray and the call it
+  was running is run again, up to ``task_retries`` times per call; a call that a replica dies on
+  every time fails the run. Rows of a re-run call may arrive twice: the consumer keeps the first
+  (the driver dedupes by id);
+- `ReplicaPool.start` refuses at once, with `ClusterError`, a cluster that cannot be reached or
+  cannot hold the replicas asked for (no GPU, too few CPUs);
+- while no node has room for even one replica (the GPUs are busy), the pool waits at most
+  ``start_timeout_s``, saying so through ``on_status``; once running, a pipeline with no progress
+  for ``stall_timeout_s`` fails (Ray Data's no-progress guard). Either way a `ClusterError` says
+  what happened in words a client may see; the cause (Ray's own error) is chained for the log.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+import warnings
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import pyarrow as pa
+import ray
+import ray.data
+import torch
+
+from bart_opt.data import Record
+from bart_opt.errors import InvalidRequest
+from bart_opt.evaluate import iter_predictions, refused_row
+from bart_opt.rouge import RougeScorer
+from bart_opt.spec import GenerationSpec
+from bart_opt.summarizer import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, Summarizer, check_text
+
+logger = logging.getLogger("bart_opt.distributed")
+
+LOCAL = "local"  # the address that starts a Ray instance on this machine
+MAX_RECORDS_PER_CALL = 256  # records one replica call plans into batches, at most
+CALLS_PER_REPLICA = 4  # fewer records per call on small runs, so that every replica gets some
+ROOM_POLL_S = 1.0
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be reached or cannot hold the replicas, the replicas made no progress,
+    or a replica failed. The message is fit for a client; Ray's own error is the ``__cause__``."""
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """Where and how many replicas run.
+
+    address: ``"local"`` starts a Ray instance on this machine; ``"auto"`` joins the cluster this
+        node belongs to (``ray start``); ``"HOST:PORT"`` the cluster whose head is there.
+    replicas: model replicas (None: as many as the cluster holds).
+    gpus_per_replica: GPUs each replica asks for (0: it runs on the CPU; 0.5: two share a GPU).
+    threads_per_replica: torch threads of each replica, and the CPUs it asks Ray for.
+    start_timeout_s: how long to wait for a node with room for one replica.
+    stall_timeout_s: how long the pipeline may make no progress (model loading included).
+    task_retries: how many times a call is run again after its replica died.
+    connect_timeout_s: how long a ``HOST:PORT`` address may take to answer.
+    """
+
+    address: str = LOCAL
+    replicas: int | None = None
+    gpus_per_replica: float = 0.0
+    threads_per_replica: int = 1
+    start_timeout_s: float = 600.0
+    stall_timeout_s: float = 1800.0
+    task_retries: int = 3
+    connect_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.replicas is not None and self.replicas < 1:
+            raise InvalidRequest("replicas", f"must be >= 1, got {self.replicas}")
+        if not math.isfinite(self.gpus_per_replica) or self.gpus_per_replica < 0:
+            raise InvalidRequest("gpus_per_replica", f"must be >= 0, got {self.gpus_per_replica}")
+        if self.threads_per_replica < 1:
+            raise InvalidRequest("threads_per_replica", f"must be >= 1, got {self.threads_per_replica}")
+        for name in ("start_timeout_s", "stall_timeout_s", "connect_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise InvalidRequest(name, f"must be > 0, got {getattr(self, name)}")
+        if self.task_retries < 0:
+            raise InvalidRequest("task_retries", f"must be >= 0, got {self.task_retries}")
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """What each replica loads: `Summarizer.from_pretrained(model, ...)` with these options.
+
+    `model` must name the same checkpoint on every node: a hub id, or a folder at the same
+    path everywhere (a shared volume). `device` is set by `ReplicaPool` from the GPUs asked for.
+    """
+
+    model: str
+    dtype: str | None = None
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    max_beams: int | None = None
+    count_cpu_tensors: bool = True
+    device: str = "cpu"
+
+
+@dataclass
+class ReplicaBatch:
+    """One planned batch, finished by a replica: its rows and where they come from.
+
+    rows: prediction rows (see `bart_opt.evaluate`); positions: each row's record position, as
+    given in the dataset; peak_bytes / seconds: the batch's memory peak and its time on the
+    replica; finished_at: when it ended there (``time.time()``); model_call: False for rows of
+    records refused before the model; replica: which one ran it (``ip:pid``).
+    """
+
+    rows: list[dict]
+    positions: list[int]
+    peak_bytes: int
+    seconds: float
+    finished_at: float
+    model_call: bool
+    replica: str
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What the pool asks of the cluster: replicas, and the CPUs and GPUs of each."""
+
+    replicas: int
+    cpus: float
+    gpus: float
+
+    def describe(self) -> str:
+        gpus = f" and {self.gpus:g} GPU" + ("s" if self.gpus != 1 else "") if self.gpus else ""
+        return f"{self.replicas} replica{'s' if self.replicas != 1 else ''} of {self.cpus:g} CPU{gpus} each"
+
+
+def connect(options: ClusterOptions) -> None:
+    """Join (or start) the Ray cluster of `options`, once per process; raises `ClusterError`.
+
+    A ``HOST:PORT`` address is first tried with a plain TCP connection, so an unreachable
+    cluster is reported within ``connect_timeout_s`` (Ray itself keeps retrying for minutes).
+    """
+    if ray.is_initialized():
+        return
+    address = options.address
+    if address not in (LOCAL, "auto") and not address.startswith("ray://"):
+        _probe(address, options.connect_timeout_s)
+    settings: dict[str, Any] = {"log_to_driver": False, "logging_level": logging.WARNING}
+    if address == LOCAL:
+        settings["include_dashboard"] = False
+    try:
+        ray.init(address=None if address == LOCAL else address, **settings)
+    except (ConnectionError, ValueError, RuntimeError) as error:
+        raise ClusterError(f"could not join the Ray cluster at {address!r} ({_first_line(error)})") from error
+
+
+def _probe(address: str, timeout: float) -> None:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"the Ray address {address!r} is not HOST:PORT, 'auto' or '{LOCAL}'")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ClusterError(f"no Ray cluster answers at {address} ({reason.lower()}); start one with "
+                           "`ray start --head` or check the address") from error
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def place(options: ClusterOptions, nodes: Sequence[Mapping[str, float]]) -> Placement:
+    """The replicas to ask for, given each live node's total resources (``{"CPU": 8, "GPU": 2}``).
+
+    Raises `ClusterError` when no node could hold one replica, or the cluster could not hold
+    as many as `options.replicas` at once.
+    """
+    cpus, gpus = float(options.threads_per_replica), float(options.gpus_per_replica)
+    fits = sum(_fits(node, cpus, gpus) for node in nodes)
+    need = f"{cpus:g} CPU" + (f" and {gpus:g} GPU" if gpus else "")
+    total_cpus = sum(node.get("CPU", 0) for node in nodes)
+    total_gpus = sum(node.get("GPU", 0) for node in nodes)
+    has = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}, {total_cpus:g} CPUs, {total_gpus:g} GPUs in all"
+    if fits == 0:
+        raise ClusterError(f"no node of the Ray cluster can hold a replica: each needs {need} ({has})")
+    replicas = options.replicas or fits
+    if replicas > fits:
+        raise ClusterError(f"the Ray cluster holds {fits} replica{'s' if fits != 1 else ''} of {need}, not "
+                           f"{replicas} ({has}); ask for fewer replicas, threads or GPUs per replica")
+    return Placement(replicas=replicas, cpus=cpus, gpus=gpus)
+
+
+def _fits(resources: Mapping[str, float], cpus: float, gpus: float) -> int:
+    """How many replicas of `cpus` CPUs and `gpus` GPUs fit in `resources`."""
+    count = math.floor(resources.get("CPU", 0) / cpus + 1e-9)
+    if gpus:
+        count = min(count, math.floor(resources.get("GPU", 0) / gpus + 1e-9))
+    return count
+
+
+def records_per_call(records: int, replicas: int) -> int:
+    """Records one replica call takes: up to `MAX_RECORDS_PER_CALL`, and few enough that each
+    replica gets about `CALLS_PER_REPLICA` calls of a small run."""
+    return max(1, min(MAX_RECORDS_PER_CALL, math.ceil(records / (replicas * CALLS_PER_REPLICA))))
+
+
+class Replica:
+    """One model replica: the callable class Ray Data runs in each actor of the pool.
+
+    Input columns: ``position``, ``id``, ``text``, ``reference`` (null without one) and
+    ``error`` (null, or why the record was refused before the model: it gets an error row).
+    Output: one row per planned batch: ``rows`` and ``positions`` (JSON lists), ``peak_bytes``,
+    ``seconds``, ``finished_at``, ``model_call``, ``replica``.
+    """
+
+    def __init__(self, config: ReplicaConfig, spec: GenerationSpec, threads: int):
+        torch.set_num_threads(threads)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        self.summarizer = Summarizer.from_pretrained(
+            config.model, device=config.device, dtype=config.dtype, max_batch_tokens=config.max_batch_tokens,
+            max_batch_size=config.max_batch_size, max_beams=config.max_beams,
+            count_cpu_tensors=config.count_cpu_tensors,
+        )
+        self.spec = spec
+        self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out: dict[str, list] = {"rows": [], "positions": [], "peak_bytes": [], "seconds": [], "finished_at": [],
+                                "model_call": [], "replica": []}
+        positions: dict[str, int] = {}
+        runnable: list[Record] = []
+        refused: list[dict] = []
+        for item in batch.to_pylist():  # nulls stay None here (a NumPy batch would make an all-null column NaN)
+            record = Record(item["id"], item["text"], item["reference"])
+            positions[record.id] = item["position"]
+            if item["error"] is None:
+                runnable.append(record)
+            else:
+                refused.append(refused_row(record, item["error"]))
+        if refused:
+            self._emit(out, refused, positions, peak_bytes=0, seconds=0.0, model_call=False)
+        for done in iter_predictions(self.summarizer, runnable, self.spec):
+            peak = done.outcome.memory["peak_bytes"] if done.outcome.memory else 0
+            self._emit(out, done.rows, positions, peak_bytes=peak, seconds=sum(done.outcome.timing.values()),
+                       model_call=True)
+        return pa.table(out)
+
+    def _emit(self, out: dict[str, list], rows: list[dict], positions: Mapping[str, int], *, peak_bytes: int,
+              seconds: float, model_call: bool) -> None:
+        out["rows"].append(json.dumps(rows, ensure_ascii=False))
+        out["positions"].append(json.dumps([positions[row["id"]] for row in rows]))
+        out["peak_bytes"].append(peak_bytes)
+        out["seconds"].append(seconds)
+        out["finished_at"].append(time.time())
+        out["model_call"].append(model_call)
+        out["replica"].append(self.name)
+
+
+@dataclass
+class ReplicaPool:
+    """Replicas of one checkpoint on a Ray cluster (see the module docstring).
+
+    `name` is how results name the model (default: `config.model`). `on_status(message)` hears
+    what the pool is waiting for ("waiting for room ...", "starting ..."); `timings` collects
+    ``connect_s`` (joining or starting Ray) and ``first_result_s`` (of the last run: from its
+    start to its first finished batch, replicas' start and model loading included).
+    """
+
+    config: ReplicaConfig
+    options: ClusterOptions = field(default_factory=ClusterOptions)
+    name: str = ""
+    on_status: Callable[[str], None] = lambda message: None
+    scorer: RougeScorer = field(default_factory=RougeScorer)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        device = "cuda" if self.options.gpus_per_replica > 0 else "cpu"
+        self.config = replace(self.config, device=device)
+        self.name = self.name or self.config.model
+        self.placement: Placement | None = None
+        self._configs = None
+
+    # ---- what run_evaluation asks of its model -------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        """The replicas' device type (``cuda`` when they have GPUs)."""
+        return torch.device(self.config.device)
+
+    @property
+    def count_cpu_tensors(self) -> bool:
+        return self.config.count_cpu_tensors
+
+    def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
+        """`overrides` resolved over the checkpoint's generation config, read on the driver without
+        the weights (as `Summarizer.generation_spec` resolves them). Raises `InvalidRequest`."""
+        if self._configs is None:
+            from transformers import BartConfig
+
+            from bart_opt.loading import load_generation_config, resolve_checkpoint
+
+            folder = resolve_checkpoint(self.config.model)
+            config = BartConfig.from_pretrained(str(folder))
+            self._configs = (config, load_generation_config(folder, config))
+        return GenerationSpec.resolve(*self._configs, overrides, max_beams=self.config.max_beams)
+
+    # ---- running -----------------------------------------------------------------------------
+
+    def start(self) -> Placement:
+        """Join the cluster and decide the placement; raises `ClusterError` (see `place`)."""
+        if self.placement is None:
+            tick = time.perf_counter()
+            connect(self.options)
+            self.timings["connect_s"] = time.perf_counter() - tick
+            nodes = [node["Resources"] for node in ray.nodes() if node.get("Alive")]
+            self.placement = place(self.options, nodes)
+        return self.placement
+
+    def run(self, dataset: ray.data.Dataset, spec: GenerationSpec, *, records: int,
+            stopped: Callable[[], bool] = lambda: False,
+            on_status: Callable[[str], None] | None = None) -> Generator[ReplicaBatch, None, None]:
+        """Run the records of `dataset` (the `Replica` input columns; about `records` of them)
+        through the replicas; yield each planned batch as it finishes. Ray Data gives each block
+        to one replica: make blocks of ``records_per_call(records, placement.replicas)`` records.
+
+        Closing the generator (or leaving the loop) shuts the pipeline down and frees the replicas.
+        `stopped()` ends the wait for room early (nothing is yielded then); `on_status` replaces
+        the pool's for this run. Raises `ClusterError`.
+        """
+        status = on_status or self.on_status
+        placement = self.start()
+        if not self._wait_for_room(placement, stopped, status):
+            return
+        status(f"starting {placement.describe()} (each loads the model)")
+        started = time.perf_counter()
+        first = True
+        results = iter(self._pipeline(dataset, spec, placement, records).iter_rows())
+        try:
+            for item in _translated(results, self.options):
+                if first:
+                    first = False
+                    self.timings["first_result_s"] = time.perf_counter() - started
+                    status(f"running on {placement.describe()}")
+                yield ReplicaBatch(rows=json.loads(item["rows"]), positions=json.loads(item["positions"]),
+                                   peak_bytes=int(item["peak_bytes"]), seconds=float(item["seconds"]),
+                                   finished_at=float(item["finished_at"]), model_call=bool(item["model_call"]),
+                                   replica=str(item["replica"]))
+        finally:
+            results.close()
+
+    def _pipeline(self, dataset: ray.data.Dataset, spec: GenerationSpec, placement: Placement,
+                  records: int) -> ray.data.Dataset:
+        per_call = records_per_call(records, placement.replicas)
+        with warnings.catch_warnings():
+            # Ray 2.60 moves extra remote options behind named parameters, but none exists yet
+            # for the retry bounds; passing them is still supported (until Ray 2.64).
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pipeline = dataset.map_batches(
+                Replica,
+                fn_constructor_kwargs={"config": self.config, "spec": spec,
+                                       "threads": self.options.threads_per_replica},
+                batch_size=per_call,
+                batch_format="pyarrow",
+                # No more replicas than calls: each would load the model for nothing.
+                compute=ray.data.ActorPoolStrategy(size=min(placement.replicas, math.ceil(records / per_call))),
+                num_cpus=placement.cpus,
+                num_gpus=placement.gpus or None,
+                max_restarts=-1,
+                max_task_retries=self.options.task_retries,
+            )
+        context = pipeline.context
+        context.execution_no_progress_timeout_s = self.options.stall_timeout_s
+        context.enable_progress_bars = False  # the caller reports progress
+        context.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data._internal.progress").setLevel(logging.ERROR)  # "progress bars disabled"
+        return pipeline
+
+    def _wait_for_room(self, placement: Placement, stopped: Callable[[], bool],
+                       status: Callable[[str], None]) -> bool:
+        """Wait until the free resources hold one replica; False when `stopped()` first."""
+        deadline = time.monotonic() + self.options.start_timeout_s
+        announced = False
+        while not stopped():
+            free = ray.available_resources()
+            if _fits(free, placement.cpus, placement.gpus) >= 1:
+                return True
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"no room on the Ray cluster for a replica ({_room(placement, free)}) for "
+                                   f"{self.options.start_timeout_s:g} s; try again when it is less busy")
+            if not announced:
+                status(f"waiting for room on the Ray cluster: {_room(placement, free)}")
+                announced = True
+            time.sleep(ROOM_POLL_S)
+        return False
+
+    def iter_predictions(self, records: Sequence[Record], spec: GenerationSpec, *,
+                         skip_ids: Iterable[str] = ()) -> Iterator[list[dict]]:
+        """Prediction rows of every record not in `skip_ids`, a planned batch at a time (the
+        ``predict`` of `bart_opt.evaluate.run_evaluation`)."""
+        for batch in self.iter_batches(records, spec, skip_ids=skip_ids):
+            yield batch.rows
+
+    def iter_batches(self, records: Sequence[Record], spec: GenerationSpec, *,
+                     skip_ids: Iterable[str] = ()) -> Iterator[ReplicaBatch]:
+        """Every record not in `skip_ids` through the replicas (`run`), from driver memory.
+
+        The records go out longest first (by characters), so each call holds inputs of similar
+        length and an input that runs out of memory shows up early, as in one process. A text
+        that is not valid Unicode raises `InvalidRequest` before anything starts.
+        """
+        skip = set(skip_ids)
+        todo = [record for record in records if record.id not in skip]
+        if not todo:
+            return
+        for record in todo:
+            check_text(record.text, f"record {record.id!r}: text")
+        todo.sort(key=lambda record: -len(record.text))
+        placement = self.start()
+        per_call = records_per_call(len(todo), placement.replicas)
+        items = [{"position": position, "id": record.id, "text": record.text, "reference": record.reference,
+                  "error": None} for position, record in enumerate(todo)]
+        dataset = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / per_call))
+        yield from self.run(dataset, spec, records=len(items))
+
+
+def _room(placement: Placement, free: Mapping[str, float]) -> str:
+    need = f"{placement.cpus:g} CPU" + (f" and {placement.gpus:g} GPU" if placement.gpus else "")
+    have = f"{free.get('CPU', 0):g} CPU" + (f" and {free.get('GPU', 0):g} GPU" if placement.gpus else "")
+    return f"a replica needs {need}, {have} free"
+
+
+def _translated(results: Iterator[dict], options: ClusterOptions) -> Iterator[dict]:
+    """`results`, with Ray's failures turned into `ClusterError`s that say what happened."""
+    from ray.data.exceptions import ExecutionTimeoutError
+
+    try:
+        yield from results
+    except ExecutionTimeoutError as error:
+        raise ClusterError(f"the Ray replicas made no progress for {options.stall_timeout_s:g} s (starting, "
+                           "loading the model or running a batch); the cluster may be short of resources") from error
+    except ray.exceptions.ActorDiedError as error:
+        raise ClusterError("a Ray replica died and could not be replaced (the model may fail to load on a node, or "
+                           f"a batch kill its replica on all {options.task_retries + 1} tries)") from error
+    except ray.exceptions.RayError as error:
+        raise ClusterError(f"a Ray replica failed: {_first_line(error)}") from error
+
+
+__all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaConfig", "ReplicaPool",
+           "connect", "place", "records_per_call"]

@@ -88,6 +88,21 @@ class Settings(BaseSettings):
         2, ge=1, description="Threads loading submitted datasets, for hub and for local sources each (429 beyond twice that)."
     )
 
+    ray_address: str | None = Field(
+        None, description="Run evaluation jobs on this Ray cluster: 'auto' (the cluster this node joined with "
+        "`ray start`), HOST:PORT of its head, or 'local' (a Ray instance started here). Unset: jobs run on the "
+        "service's own device thread, and Ray is not imported."
+    )
+    ray_replicas: int | None = Field(None, ge=1, description="Model replicas of a job on Ray (default: as many as fit).")
+    ray_gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica on Ray (0: on the CPU).")
+    ray_threads_per_replica: int = Field(1, ge=1, description="Torch threads, and Ray CPUs, of each replica.")
+    ray_start_timeout_s: float = Field(
+        600.0, gt=0, description="Seconds a job on Ray waits for room for one replica before it fails."
+    )
+    ray_stall_timeout_s: float = Field(
+        1800.0, gt=0, description="Seconds the replicas of a job on Ray may make no progress before it fails."
+    )
+
     @field_validator("device")
     @classmethod
     def _check_device(cls, value: str) -> str:
@@ -95,6 +110,11 @@ class Settings(BaseSettings):
         if kind not in ("auto", "cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
             raise ValueError(f"device must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N', got {value!r}")
         return value
+
+    @field_validator("ray_address")
+    @classmethod
+    def _empty_address_is_none(cls, value: str | None) -> str | None:
+        return value.strip() or None if value is not None else None
 
     @field_validator("api_key")
     @classmethod

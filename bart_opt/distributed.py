@@ -131,14 +131,16 @@ class ReplicaBatch:
 
     rows: prediction rows (see `bart_opt.evaluate`); positions: each row's record position, as
     given in the dataset; peak_bytes / seconds: the batch's memory peak and its time on the
-    replica; finished_at: when it ended there (``time.time()``); model_call: False for rows of
-    records refused before the model; replica: which one ran it (``ip:pid``).
+    replica; call_started_at / finished_at: when the replica call that planned it began (its
+    tokenizing included) and when the batch ended (``time.time()`` there); model_call: False for
+    rows of records refused before the model; replica: which one ran it (``ip:pid``).
     """
 
     rows: list[dict]
     positions: list[int]
     peak_bytes: int
     seconds: float
+    call_started_at: float
     finished_at: float
     model_call: bool
     replica: str
@@ -234,7 +236,7 @@ class Replica:
     Input columns: ``position``, ``id``, ``text``, ``reference`` (null without one) and
     ``error`` (null, or why the record was refused before the model: it gets an error row).
     Output: one row per planned batch: ``rows`` and ``positions`` (JSON lists), ``peak_bytes``,
-    ``seconds``, ``finished_at``, ``model_call``, ``replica``.
+    ``seconds``, ``call_started_at``, ``finished_at``, ``model_call``, ``replica``.
     """
 
     def __init__(self, config: ReplicaConfig, spec: GenerationSpec, threads: int):
@@ -249,8 +251,9 @@ class Replica:
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        out: dict[str, list] = {"rows": [], "positions": [], "peak_bytes": [], "seconds": [], "finished_at": [],
-                                "model_call": [], "replica": []}
+        started = time.time()
+        out: dict[str, list] = {"rows": [], "positions": [], "peak_bytes": [], "seconds": [], "call_started_at": [],
+                                "finished_at": [], "model_call": [], "replica": []}
         positions: dict[str, int] = {}
         runnable: list[Record] = []
         refused: list[dict] = []
@@ -262,19 +265,20 @@ class Replica:
             else:
                 refused.append(refused_row(record, item["error"]))
         if refused:
-            self._emit(out, refused, positions, peak_bytes=0, seconds=0.0, model_call=False)
+            self._emit(out, refused, positions, peak_bytes=0, seconds=0.0, started=started, model_call=False)
         for done in iter_predictions(self.summarizer, runnable, self.spec):
             peak = done.outcome.memory["peak_bytes"] if done.outcome.memory else 0
             self._emit(out, done.rows, positions, peak_bytes=peak, seconds=sum(done.outcome.timing.values()),
-                       model_call=True)
+                       started=started, model_call=True)
         return pa.table(out)
 
     def _emit(self, out: dict[str, list], rows: list[dict], positions: Mapping[str, int], *, peak_bytes: int,
-              seconds: float, model_call: bool) -> None:
+              seconds: float, started: float, model_call: bool) -> None:
         out["rows"].append(json.dumps(rows, ensure_ascii=False))
         out["positions"].append(json.dumps([positions[row["id"]] for row in rows]))
         out["peak_bytes"].append(peak_bytes)
         out["seconds"].append(seconds)
+        out["call_started_at"].append(started)
         out["finished_at"].append(time.time())
         out["model_call"].append(model_call)
         out["replica"].append(self.name)
@@ -367,6 +371,7 @@ class ReplicaPool:
                     status(f"running on {placement.describe()}")
                 yield ReplicaBatch(rows=json.loads(item["rows"]), positions=json.loads(item["positions"]),
                                    peak_bytes=int(item["peak_bytes"]), seconds=float(item["seconds"]),
+                                   call_started_at=float(item["call_started_at"]),
                                    finished_at=float(item["finished_at"]), model_call=bool(item["model_call"]),
                                    replica=str(item["replica"]))
         finally:

@@ -40,7 +40,7 @@ import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from app.jobs.runner import JobRunner, RunnerConfig, _Interrupted, _Run
+from app.jobs.runner import JobRunner, RunnerConfig, _Run
 from app.jobs.store import BatchWrite, JobStore
 from bart_opt.distributed import (
     ClusterError, ClusterOptions, ReplicaBatch, ReplicaConfig, ReplicaPool, records_per_call,

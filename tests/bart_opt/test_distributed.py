@@ -113,6 +113,7 @@ def test_a_replica_runs_the_pipeline_of_one_process_and_passes_refused_records_t
                       "error": pa.nulls(5, pa.string())})
     out = replica(batch).to_pylist()
     assert all(item["model_call"] and item["replica"] == replica.name for item in out)
+    assert all(item["call_started_at"] == out[0]["call_started_at"] < item["finished_at"] for item in out)
     rows = {row["id"]: row for item in out for row in json.loads(item["rows"])}
     positions = {row["id"]: p for item in out for row, p in zip(json.loads(item["rows"]), json.loads(item["positions"]))}
     direct = {row["id"]: row for b in iter_predictions(summarizer, records, spec) for row in b.rows}
@@ -125,6 +126,19 @@ def test_a_replica_runs_the_pipeline_of_one_process_and_passes_refused_records_t
     (row,) = json.loads(out[0]["rows"])
     assert (row["id"], row["error"], row["prediction"], json.loads(out[0]["positions"])) == ("r1", "too long", "", [11])
     assert sum(len(json.loads(item["rows"])) for item in out) == 5
+
+
+def test_evaluate_without_ray_does_not_import_ray(demo_checkpoint, tmp_path):
+    data = cnn_file(tmp_path / "cnn.jsonl", 2, seed=1)
+    script = ("import sys; from bart_opt.cli import main; "
+              "code = main(sys.argv[1:]); print('ray imported:', 'ray' in sys.modules); sys.exit(code)")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "evaluate", "--model", demo_checkpoint, "--data", str(data), "--out",
+         str(tmp_path / "run"), *GEN_ARGS, "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "ray imported: False"
+    assert len(predictions(tmp_path / "run")) == 2
 
 
 def test_an_unreachable_cluster_is_reported_at_once_in_one_line(demo_checkpoint, tmp_path):

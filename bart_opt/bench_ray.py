@@ -10,13 +10,15 @@ fresh run folders, alternating ``--repeats`` times,
   --threads-per-replica 1``), and with one replica: the CPU of the single process, so that
   the difference is Ray's own cost and not two workers sharing the machine.
 
-It checks that both wrote the same predictions and ROUGE, and prints a markdown table with, per
-path: wall seconds and examples per second; Ray's fixed start-up cost (starting the Ray instance,
-once; then per run, the time until the first replica began its first batch: worker processes,
-imports, model loading); the cost per example once started (one process: its wall time; Ray: each
-replica's busy time from the start of its first batch to the end of its last, summed over
-replicas, scheduling gaps included); and the time per example outside the model (that, minus the
-batches' summed model work), which the noise of a busy machine in model speed does not swamp.
+It checks that every path wrote the same predictions and ROUGE, and prints a markdown table with,
+per path: wall seconds from nothing loaded to ``metrics.json`` and examples per second; the
+start-up cost (one process: loading the model; Ray: from the start of the run until the first
+replica call began: worker processes, imports, model loading; starting the Ray instance itself,
+once per process, is printed apart); the cost per example once started, measured the same way on
+every path: each worker's busy span, from the start of its first call (tokenizing included) to the
+end of its last batch, summed over workers, divided by the examples; and the part of that outside
+the model (the span minus the batches' own seconds: scheduling, transfers, gaps), which the noise
+of a busy machine in model speed does not swamp.
 
     python -m bart_opt.bench_ray                  # 200 records, 2 replicas x 1 thread vs 1 process x 1 thread
 """
@@ -36,7 +38,7 @@ from pathlib import Path
 import torch
 
 from bart_opt.data import Record
-from bart_opt.evaluate import run_evaluation
+from bart_opt.evaluate import iter_predictions, run_evaluation
 from bart_opt.summarizer import Summarizer
 
 
@@ -69,10 +71,19 @@ def make_records(model: str, n: int, median_tokens: int, sigma: float, seed: int
             for i, article in enumerate(articles)]
 
 
-def run_single(summarizer: Summarizer, records: list[Record], out: Path, generation: dict) -> dict:
-    metrics = run_evaluation(summarizer, records, out, generation, progress=False)
-    wall, work = metrics["wall_s_last_run"], metrics["runtime_s"]
-    return {"wall_s": wall, "startup_s": 0.0, "busy_s": wall, "work_s": work, "rouge": metrics["rouge"],
+def run_single(summarizer: Summarizer, load_s: float, records: list[Record], out: Path, generation: dict) -> dict:
+    batches: list[tuple[float, float]] = []  # (finished_at, seconds) of each batch
+    began = time.time()
+
+    def predict(records, spec, *, skip_ids):
+        for batch in iter_predictions(summarizer, records, spec, skip_ids=skip_ids):
+            batches.append((time.time(), sum(batch.outcome.timing.values())))
+            yield batch.rows
+
+    metrics = run_evaluation(summarizer, records, out, generation, progress=False, predict=predict)
+    wall = time.time() - began + load_s  # from nothing loaded, as on Ray
+    return {"wall_s": wall, "startup_s": load_s, "busy_s": batches[-1][0] - began,
+            "work_s": sum(seconds for _, seconds in batches), "workers": 1, "rouge": metrics["rouge"],
             "predictions": _predictions(out)}
 
 
@@ -89,11 +100,11 @@ def run_ray(pool, records: list[Record], out: Path, generation: dict) -> dict:
     wall = time.time() - began
     spans: dict[str, list[float]] = defaultdict(list)
     for batch in batches:
-        spans[batch.replica] += [batch.finished_at - batch.seconds, batch.finished_at]
+        spans[batch.replica] += [batch.call_started_at, batch.finished_at]
     busy = sum(max(times) - min(times) for times in spans.values())
     startup = min(min(times) for times in spans.values()) - began
     return {"wall_s": wall, "startup_s": startup, "busy_s": busy, "work_s": sum(b.seconds for b in batches),
-            "replicas_used": len(spans), "rouge": metrics["rouge"], "predictions": _predictions(out)}
+            "workers": len(spans), "rouge": metrics["rouge"], "predictions": _predictions(out)}
 
 
 def _predictions(out: Path) -> dict[str, str]:
@@ -104,14 +115,12 @@ def _predictions(out: Path) -> dict[str, str]:
 def report(n: int, results: dict[str, dict], init_s: float) -> str:
     """The markdown table, then each Ray path against the single process (the first result)."""
     single_name, single = next(iter(results.items()))
-    lines = [
-        "| path | examples | wall s | examples/s | start-up s | s / example once started | model work s / example "
-        "| outside the model, ms / example |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    header = ("| path | workers used | examples | wall s | examples/s | start-up s | busy s / example once started "
+              "| model work s / example | outside the model, ms / example |")
+    lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, result in results.items():
         outside = (result["busy_s"] - result["work_s"]) / n * 1000
-        lines.append(f"| {name} | {n} | {result['wall_s']:.2f} | {n / result['wall_s']:.2f} | "
+        lines.append(f"| {name} | {result['workers']} | {n} | {result['wall_s']:.2f} | {n / result['wall_s']:.2f} | "
                      f"{result['startup_s']:.2f} | {result['busy_s'] / n:.4f} | {result['work_s'] / n:.4f} | "
                      f"{outside:.1f} |")
     lines += ["", f"Starting the local Ray instance: {init_s:.2f} s (once per process; not in the table)."]
@@ -121,7 +130,7 @@ def report(n: int, results: dict[str, dict], init_s: float) -> str:
             f"{name}: cost per example once started {result['busy_s'] / single['busy_s'] - 1:+.1%} against "
             f"{single_name} ({extra:+.1f} ms per example outside the model); throughput "
             f"{single['wall_s'] / result['wall_s']:.2f}x with its start-up, "
-            f"{single['wall_s'] / (result['wall_s'] - result['startup_s']):.2f}x once started.")
+            f"{(single['wall_s'] - single['startup_s']) / (result['wall_s'] - result['startup_s']):.2f}x once started.")
     return "\n".join(lines)
 
 
@@ -142,12 +151,14 @@ def main(argv: list[str] | None = None) -> int:
         records = make_records(args.model, args.n, args.median_tokens, args.sigma, args.seed)
         generation = {} if args.max_length is None else {"max_length": args.max_length}
         torch.set_num_threads(args.threads)
+        tick = time.perf_counter()
         summarizer = Summarizer.from_pretrained(args.model)
+        load_s = time.perf_counter() - tick
         tick = time.perf_counter()
         connect(ClusterOptions())
         init_s = time.perf_counter() - tick
         paths = {f"one process, {_plural(args.threads, 'thread')}":
-                 functools.partial(run_single, summarizer)}
+                 functools.partial(run_single, summarizer, load_s)}
         for replicas in dict.fromkeys((args.replicas, 1)):  # one replica: the CPU of one process, Ray's cost alone
             options = ClusterOptions(replicas=replicas, threads_per_replica=args.threads_per_replica)
             name = f"Ray, {_plural(replicas, 'replica')} x {_plural(args.threads_per_replica, 'thread')}"

@@ -6,8 +6,10 @@ of which loads the model once (`Replica.__init__`) and runs every call's records
 same pipeline as one process (`bart_opt.evaluate.iter_predictions`: token-budget batches,
 padding trim, out-of-memory splitting, ROUGE). Ray Data distributes the calls, applies
 backpressure and retries; nothing here schedules. The driver gets one `ReplicaBatch` per
-planned batch (its prediction rows, memory peak, seconds, the replica that ran it) as each
-finishes, in whatever order, and decides where the rows go.
+planned batch (its prediction rows, memory peak, seconds, the replica that ran it) once the
+replica call that ran it returns (a call is at most `MAX_RECORDS_PER_CALL` records, and about a
+`CALLS_PER_REPLICA`-th of each replica's share on small runs: the unit of progress, and of what
+an interrupted run redoes), in whatever order, and decides where the rows go.
 
 `ReplicaPool` is also what `bart_opt.evaluate.run_evaluation` needs from its model without
 loading the weights on the driver (``name``, ``scorer``, ``device``, ``count_cpu_tensors``,
@@ -348,7 +350,7 @@ class ReplicaPool:
             stopped: Callable[[], bool] = lambda: False,
             on_status: Callable[[str], None] | None = None) -> Generator[ReplicaBatch, None, None]:
         """Run the records of `dataset` (the `Replica` input columns; about `records` of them)
-        through the replicas; yield each planned batch as it finishes. Ray Data gives each block
+        through the replicas; yield each planned batch as its call returns. Ray Data gives each block
         to one replica: make blocks of ``records_per_call(records, placement.replicas)`` records.
 
         Closing the generator (or leaving the loop) shuts the pipeline down and frees the replicas.

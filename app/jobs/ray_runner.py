@@ -9,7 +9,7 @@ device thread, which then serves ``POST /summarize`` alone.
   database is a file here), one per span of about a replica call's records, two at a time, in
   record order; they ask Ray for no CPU, so the replicas may have them all. Ray Data's
   backpressure bounds what is read ahead.
-- **Results** come back as each replica finishes a planned batch; each is written in one
+- **Results** come back as each replica call returns, a planned batch at a time; each is written in one
   transaction under the lease, exactly as the local runner writes a batch (so cancel, losing the
   lease and the failure streak behave the same). A row whose record this run already wrote (a
   batch run again after its replica died) is dropped, so every example is written once; on a

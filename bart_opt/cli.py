@@ -279,7 +279,8 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str) -> dic
     folder = resolve_checkpoint(args.model)
     # Replicas start in other folders: a local checkpoint goes to them by its absolute path.
     model = str(folder.resolve()) if Path(args.model).expanduser().is_dir() else args.model
-    config = ReplicaConfig(model=model, dtype=args.dtype, count_cpu_tensors=not args.no_memory_count, **budgets)
+    config = ReplicaConfig(model=model, dtype=args.dtype, count_cpu_tensors=not args.no_memory_count, exact=args.exact,
+                           **budgets)
     pool = ReplicaPool(config, options, name=args.model,
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:

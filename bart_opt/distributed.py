@@ -124,6 +124,7 @@ class ReplicaConfig:
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     max_beams: int | None = None
     count_cpu_tensors: bool = True
+    exact: bool = False
     device: str = "cpu"
 
 
@@ -247,7 +248,7 @@ class Replica:
         self.summarizer = Summarizer.from_pretrained(
             config.model, device=config.device, dtype=config.dtype, max_batch_tokens=config.max_batch_tokens,
             max_batch_size=config.max_batch_size, max_beams=config.max_beams,
-            count_cpu_tensors=config.count_cpu_tensors,
+            count_cpu_tensors=config.count_cpu_tensors, exact=config.exact,
         )
         self.spec = spec
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"

@@ -297,8 +297,9 @@ def run_evaluation(
     done = len(wanted & rows.keys())
     start = time.perf_counter()
     with tqdm(total=len(records), initial=done, unit="doc", desc="evaluate", disable=not progress) as bar:
+        model_calls: list[float] = []  # seconds of each local model call (none with `predict`)
         if predict is None:
-            batches = (batch.rows for batch in iter_predictions(summarizer, records, spec, skip_ids=rows.keys()))
+            batches = _timed_rows(iter_predictions(summarizer, records, spec, skip_ids=rows.keys()), model_calls)
         else:
             batches = predict(records, spec, skip_ids=rows.keys())
         for batch in batches:
@@ -312,9 +313,18 @@ def run_evaluation(
                 on_batch(fresh)
     metrics = compute_metrics(rows, records, summarizer=summarizer, generation=settings)
     metrics["wall_s_last_run"] = time.perf_counter() - start
+    # Inside this process's model calls; the rest of the wall time is tokenizing, decoding, ROUGE and I/O.
+    metrics["model_s_last_run"] = sum(model_calls) if predict is None else None
     metrics["resumed_from"] = done
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     return metrics
+
+
+def _timed_rows(batches: Iterable[PredictionBatch], model_calls: list[float]) -> Iterator[list[dict]]:
+    """The rows of each batch, noting the seconds of its model calls in `model_calls`."""
+    for batch in batches:
+        model_calls.extend(call["seconds"] for call in batch.outcome.calls)
+        yield batch.rows
 
 
 def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> None:

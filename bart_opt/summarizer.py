@@ -19,9 +19,11 @@ result back per request (the service's micro-batcher).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -263,28 +265,43 @@ class Summarizer:
                      generation: GenerationSpec | None = None, **generation_kwargs) -> Iterator[BatchOutcome]:
         """Summarize like `summarize`, yielding each planned batch as soon as it is done.
 
-        Batches come longest first; every input position appears in exactly one
-        outcome. Each outcome carries its own memory report. Nothing is held between
-        yields (no memory log, no dispatch mode), so a consumer may stop at any
-        batch, write results, or run other model work in between.
+        Batches come longest first; every input position appears in exactly one outcome. Each
+        outcome carries the memory report of its model calls. Decoding and ROUGE of a batch run
+        on a worker thread while the next batch's model call runs, so the device never waits for
+        them; a batch is therefore yielded once the next one's model call is over (the last one
+        at the end). Nothing else is held between yields, so a consumer may stop at any batch,
+        write results, or run other model work in between.
         """
         texts, references = self._check_call(texts, references)
         spec = self._spec(generation, generation_kwargs)
         tick = time.perf_counter()
         encoded = self.encode(texts)
         tokenize_share = (time.perf_counter() - tick) / len(texts)
-        for plan in self.plan(encoded, spec.num_beams):
-            with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
-                self.model.attach_log(log)
-                try:
-                    outcome = self._run_batch(plan, encoded, references, spec)
-                finally:
-                    self.model.attach_log(None)
-            outcome.memory = log.report()
-            for item in outcome.items.values():
-                item["timing"]["tokenize"] = tokenize_share
-            outcome.timing["tokenize"] = tokenize_share * len(plan)
-            yield outcome
+        with ThreadPoolExecutor(1, thread_name_prefix="bart-opt-finish") as finisher:
+            previous: Future[BatchOutcome] | None = None
+            for plan in self.plan(encoded, spec.num_beams):
+                with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
+                    self.model.attach_log(log)
+                    try:
+                        outcome, split = self._generate_batch(plan, encoded, spec)
+                    finally:
+                        self.model.attach_log(None)
+                outcome.memory = log.report()
+                current = finisher.submit(self._finished, outcome, split, encoded, references, tokenize_share)
+                if previous is not None:
+                    yield previous.result()
+                previous = current
+            if previous is not None:
+                yield previous.result()
+
+    def _finished(self, outcome: BatchOutcome, split: SplitOutcome, encoded: list[Encoded], references,
+                  tokenize_share: float) -> BatchOutcome:
+        """`outcome` decoded and scored (off the model's thread), with its share of the tokenize time."""
+        self._finish_batch(outcome, split, encoded, references, log_phases=False)
+        for item in outcome.items.values():
+            item["timing"]["tokenize"] = tokenize_share
+        outcome.timing["tokenize"] = tokenize_share * len(outcome.positions)
+        return outcome
 
     def summarize_groups(self, groups: Sequence[tuple[Sequence[str], Sequence[str | None] | None]], *,
                          encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
@@ -374,7 +391,15 @@ class Summarizer:
 
     def _run_batch(self, plan: list[int], encoded: list[Encoded], references, spec: GenerationSpec,
                    cancelled: Cancelled | None = None) -> BatchOutcome:
-        """Generate, decode and score one planned batch, splitting it on out-of-memory.
+        """Generate, decode and score one planned batch, splitting it on out-of-memory."""
+        outcome, split = self._generate_batch(plan, encoded, spec, cancelled)
+        self._finish_batch(outcome, split, encoded, references)
+        return outcome
+
+    def _generate_batch(self, plan: list[int], encoded: list[Encoded], spec: GenerationSpec,
+                        cancelled: Cancelled | None = None) -> tuple[BatchOutcome, SplitOutcome]:
+        """The model part of one planned batch: its calls (split on out-of-memory) and errors,
+        the sequences still to be decoded in the returned `SplitOutcome`.
 
         Inputs `cancelled` names before the batch starts never reach the model; inputs it names
         by the end of their model call are not decoded. Both get the error `CANCELLED`.
@@ -395,18 +420,23 @@ class Summarizer:
         errors = {**split.errors, **{p: CANCELLED for p in plan if p in withdrawn}}
         outcome = BatchOutcome(positions=list(plan), summaries={}, items={}, errors=errors,
                                calls=calls, oom_splits=split.splits, timing=dict.fromkeys(PHASES, 0.0))
-        for index, (positions, stats) in enumerate(zip(split.calls, calls)):
-            kept = [p for p in positions if p not in errors]
+        return outcome, split
+
+    def _finish_batch(self, outcome: BatchOutcome, split: SplitOutcome, encoded: list[Encoded], references,
+                      log_phases: bool = True) -> None:
+        """Decode and score what `_generate_batch` produced and fill `outcome`. `log_phases` records
+        the phases in the model's memory log (off when this runs beside the next model call)."""
+        for index, (positions, stats) in enumerate(zip(split.calls, outcome.calls)):
+            kept = [p for p in positions if p not in outcome.errors]
             sequences = [split.results[p] for p in kept]
-            self._decode_and_score(outcome, index, stats, kept, sequences, encoded, references)
-        for p, message in errors.items():
+            self._decode_and_score(outcome, index, stats, kept, sequences, encoded, references, log_phases)
+        for p, message in outcome.errors.items():
             outcome.summaries[p] = ""
             outcome.items[p] = {
                 "input_tokens": len(encoded[p].ids), "truncated": encoded[p].truncated, "output_tokens": 0,
                 "rouge": None, "error": message, "padding_computed": 0, "padding_avoided": 0, "call": None,
                 "timing": dict.fromkeys(PHASES, 0.0),
             }
-        return outcome
 
     def _generate(self, positions: list[int], encoded: list[Encoded], spec: GenerationSpec,
                   cancelled: Cancelled | None = None) -> tuple[list[torch.Tensor], dict]:
@@ -430,16 +460,20 @@ class Summarizer:
         return list(sequences), stats
 
     def _decode_and_score(self, outcome: BatchOutcome, call_index: int, stats: dict, positions: list[int],
-                          sequences: list[torch.Tensor], encoded: list[Encoded], references) -> None:
+                          sequences: list[torch.Tensor], encoded: list[Encoded], references,
+                          log_phases: bool = True) -> None:
         """Decode one call's rows (`sequences` of `positions`) as the reference scripts do, score them,
         fill `outcome`."""
+        def phase(name: str):  # no memory log may be touched from the finishing thread
+            return self.model.log_phase(name) if log_phases else contextlib.nullcontext()
+
         tick = time.perf_counter()
-        with self.model.log_phase("detokenize"):
+        with phase("detokenize"):
             texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=True,
                                                 clean_up_tokenization_spaces=False)
         decode_s = time.perf_counter() - tick
         tick = time.perf_counter()
-        with self.model.log_phase("score"):
+        with phase("score"):
             for p, sequence, text in zip(positions, sequences, texts):
                 reference = references[p] if references is not None else None
                 outcome.summaries[p] = text

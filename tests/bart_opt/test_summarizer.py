@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import threading
 
 import pytest
 import torch
@@ -239,6 +240,34 @@ def test_iter_batches_yields_each_input_once_with_its_memory(summarizer, texts, 
         assert outcome.memory["peak_bytes"] > 0
         for p in outcome.positions:
             assert outcome.summaries[p] == baseline.summaries[p]
+
+
+def test_iter_batches_scores_a_batch_while_the_next_one_is_on_the_model(summarizer, texts, baseline, monkeypatch):
+    score = summarizer.scorer.score
+    calls, second_call, waited = [], threading.Event(), []
+
+    def scoring_waits_for_the_next_call(prediction, reference):
+        # Serially, the next model call would only start after this returns: the wait would time out.
+        waited.append((threading.current_thread().name, second_call.wait(timeout=30)))
+        return score(prediction, reference)
+
+    def model_call(positions):
+        calls.append(len(positions))
+        if len(calls) == 2:
+            second_call.set()
+
+    monkeypatch.setattr(summarizer.scorer, "score", scoring_waits_for_the_next_call)
+    summarizer.max_batch_size, summarizer.before_model_call = 3, model_call
+    try:
+        outcomes = list(summarizer.iter_batches(texts, texts, **GEN))
+    finally:
+        summarizer.max_batch_size, summarizer.before_model_call = 64, None
+    assert calls == [3, 3, 1]  # 7 texts
+    assert waited and all(name.startswith("bart-opt-finish") and ok for name, ok in waited)
+    for outcome in outcomes:  # the same summaries and scores as the serial path
+        for p in outcome.positions:
+            assert outcome.summaries[p] == baseline.summaries[p]
+            assert outcome.items[p]["rouge"] == score(baseline.summaries[p], texts[p])
 
 
 def test_summarization_prefix_is_applied(summarizer):

@@ -1,16 +1,17 @@
 """Small random BART checkpoints with a locally trained tokenizer.
 
 Everything here runs offline: the tokenizer is a byte-level BPE trained on
-generated text, the weights are random. The summaries such a model writes are
-meaningless; the folder exists so that the engine, the pipeline and the service
-can be run and tested end to end with no hub access.
+random-word text, the weights are random. The summaries such a model writes are
+meaningless; these folders exist so that the engine, the pipeline and the service
+can be tested end to end (parity, batching, memory) on models of any shape.
 """
 
 from __future__ import annotations
 
 import random
-import tempfile
 from pathlib import Path
+
+from bart_opt.demo.tokenizer import train_tokenizer
 
 WORDS = (
     "the a of and to in is was for on that with as by at from his her their it "
@@ -22,8 +23,6 @@ WORDS = (
     "country national local public private service hospital doctor patient child "
     "children woman man women men police officer arrested charged killed injured"
 ).split()
-
-SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
 
 
 def random_sentence(rng: random.Random, min_words: int = 6, max_words: int = 18) -> str:
@@ -38,23 +37,9 @@ def random_article(rng: random.Random, sentences: int) -> str:
 
 
 def build_tokenizer(out_dir: str | Path, vocab_size: int = 512, seed: int = 0):
-    """Train a byte-level BPE on generated text and save it as a BartTokenizer in `out_dir`."""
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import BartTokenizer
-
+    """Train a byte-level BPE on random-word text and save it as a BartTokenizer in `out_dir`."""
     rng = random.Random(seed)
-    corpus = [random_article(rng, 5) for _ in range(400)]
-    bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIAL_TOKENS)
-    vocab = bpe.get_vocab()
-    with tempfile.TemporaryDirectory() as tmp:
-        bpe.save_model(tmp)
-        lines = Path(tmp, "merges.txt").read_text(encoding="utf-8").splitlines()
-    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
-    tokenizer = BartTokenizer(vocab=vocab, merges=merges)
-    tokenizer.model_max_length = 1024
-    tokenizer.save_pretrained(str(out_dir))
-    return tokenizer
+    return train_tokenizer([random_article(rng, 5) for _ in range(400)], out_dir, vocab_size=vocab_size)
 
 
 def build_checkpoint(
@@ -122,22 +107,4 @@ def build_checkpoint(
         pad_token_id=1,
     )
     model.save_pretrained(str(out), safe_serialization=safe_serialization)
-    return out
-
-
-def write_sample_records(path: str | Path, n: int = 24, seed: int = 0) -> Path:
-    """Write `n` CNN/DailyMail-like records (`id`, `article`, `highlights`) as JSONL.
-
-    Highlights are three of the article's sentences, one per line, as in the real dataset.
-    """
-    import json
-
-    rng = random.Random(seed)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as f:
-        for i in range(n):
-            sentences = [random_sentence(rng) for _ in range(rng.randint(4, 30))]
-            highlights = "\n".join(rng.sample(sentences, 3))
-            f.write(json.dumps({"id": f"demo-{i:04d}", "article": " ".join(sentences), "highlights": highlights}) + "\n")
     return out

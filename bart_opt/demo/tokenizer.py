@@ -1,0 +1,33 @@
+"""Byte-level BPE tokenizers trained locally and saved as BART tokenizers."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]  # ids 0-4, as in BART's vocabulary
+
+
+def train_tokenizer(texts: Iterable[str], out_dir: str | Path, vocab_size: int, model_max_length: int = 1024):
+    """Train a byte-level BPE on `texts` and save it in `out_dir` as a `BartTokenizer`.
+
+    Byte-level means every string is encodable (no unknown tokens) and every id sequence
+    decodes to the bytes it came from. Returns the tokenizer.
+    """
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import BartTokenizer
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIAL_TOKENS)
+    vocab = bpe.get_vocab()
+    with tempfile.TemporaryDirectory() as tmp:
+        bpe.save_model(tmp)
+        lines = Path(tmp, "merges.txt").read_text(encoding="utf-8").splitlines()
+    merges = [tuple(line.split(" ")) for line in lines if line and not line.startswith("#version")]
+    # transformers 5: BartTokenizer(vocab=..., merges=...) builds the vocabulary;
+    # vocab_file=... would silently give an empty one.
+    tokenizer = BartTokenizer(vocab=vocab, merges=merges)
+    tokenizer.model_max_length = model_max_length
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer

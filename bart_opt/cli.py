@@ -19,9 +19,14 @@ from bart_opt.spec import REQUEST_OPTIONS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-DEMO_WARNING = (
+DEMO_NOTE = (
+    "note: a tiny BART (about 1.4M parameters) trained for a few minutes on generated news stories; "
+    "it summarizes stories like those in sample.jsonl (held out from training) and little else. "
+    "Use it to try bart-opt offline; judge real summaries with a real checkpoint such as facebook/bart-large-cnn."
+)
+RANDOM_WARNING = (
     "note: this checkpoint has random weights; its summaries are meaningless. "
-    "Use it to try bart-opt offline, not to judge summaries."
+    "Use it to test the pipeline, not to judge summaries."
 )
 
 
@@ -77,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("evaluate", help="summarize a dataset, score ROUGE, write predictions and metrics")
     _model_options(evaluate)
+    evaluate.add_argument("--baselines", type=_names, default=(), metavar="NAMES",
+                          help="comma-separated baselines to score beside the model, e.g. lead-3")
     source = evaluate.add_mutually_exclusive_group(required=True)
     source.add_argument("--data", help="local JSONL, JSON, CSV or Parquet file")
     source.add_argument("--dataset", help="hub dataset name, e.g. abisee/cnn_dailymail")
@@ -107,9 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
     compare.set_defaults(func=cmd_compare)
 
-    demo = sub.add_parser("demo-model", help="write a small random BART checkpoint (meaningless summaries)")
+    demo = sub.add_parser("demo-model", help="write the tiny trained demo checkpoint and held-out sample records")
     demo.add_argument("dir", help="output folder")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--random", action="store_true",
+                      help="write a random-weight checkpoint instead (meaningless summaries; for tests)")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the sample records (and of --random's weights)")
     demo.set_defaults(func=cmd_demo_model)
 
     sub.add_parser("bench", help="engine benchmark (see bart-opt bench --help)", add_help=False)
@@ -124,8 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="checkpoint folder or hub id")
+    parser.add_argument("--model", required=True, help="checkpoint folder, hub id, or a baseline (lead-3)")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on cuda, float32 on cpu)")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per batch, beams counted")
@@ -210,6 +223,8 @@ def read_jsonl_texts(lines: Iterable[str], source: str, text_field: str) -> tupl
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     """Summarize JSONL texts and print one JSON line per text, in input order."""
+    from bart_opt.baselines import baseline_summary, is_baseline
+
     if args.input == "-":
         ids, texts = read_jsonl_texts(sys.stdin, "stdin", args.text_field)
     else:
@@ -218,24 +233,43 @@ def cmd_summarize(args: argparse.Namespace) -> int:
             raise CliError(f"no such file: {path}")
         with path.open(encoding="utf-8") as f:
             ids, texts = read_jsonl_texts(f, str(path), args.text_field)
-    summarizer = load_summarizer(args)
-    result = summarizer.summarize(texts, generation=summarizer.generation_spec(generation_kwargs(args)))
-    for record_id, summary, item, error in zip(ids, result.summaries, result.items, result.errors):
-        row = {"summary": summary, "input_tokens": item["input_tokens"], "truncated": item["truncated"],
-               "output_tokens": item["output_tokens"]}
+    if is_baseline(args.model):
+        _refuse_generation_options(args)
+        rows = [{"summary": baseline_summary(args.model, text)} for text in texts]
+    else:
+        summarizer = load_summarizer(args)
+        result = summarizer.summarize(texts, generation=summarizer.generation_spec(generation_kwargs(args)))
+        rows = [{"summary": summary, "input_tokens": item["input_tokens"], "truncated": item["truncated"],
+                 "output_tokens": item["output_tokens"], **({"error": error} if error is not None else {})}
+                for summary, item, error in zip(result.summaries, result.items, result.errors)]
+    for record_id, row in zip(ids, rows):
         if record_id is not None:
             row = {"id": record_id, **row}
-        if error is not None:
-            row["error"] = error
         print(json.dumps(row, ensure_ascii=False))
     return 0
 
 
+def _refuse_generation_options(args: argparse.Namespace) -> None:
+    if generation_kwargs(args):
+        options = ", ".join("--" + name.replace("_", "-") for name in generation_kwargs(args))
+        raise CliError(f"{args.model} is a baseline: generation options ({options}) do not apply")
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    """Run (or resume) an evaluation into --out and print its metrics as JSON."""
+    """Run (or resume) an evaluation into --out, print its metrics as JSON and its ROUGE lines on stderr.
+
+    ``--model lead-3`` evaluates the baseline itself (CPU, no checkpoint);
+    ``--baselines lead-3`` scores the baseline beside a model on the same records.
+    """
+    from bart_opt.baselines import check_baselines, is_baseline, run_baseline_evaluation
     from bart_opt.data import load_records
     from bart_opt.evaluate import run_evaluation
 
+    baselines = check_baselines(args.baselines)
+    if is_baseline(args.model):
+        _refuse_generation_options(args)
+        if baselines:
+            raise CliError(f"--baselines compares a model with baselines; {args.model} is a baseline itself")
     if args.data is not None and not Path(args.data).is_file():
         raise CliError(f"no such file: {args.data}")
     records = load_records(
@@ -245,20 +279,27 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     source = args.data if args.data is not None else " ".join(
         part for part in (args.dataset, args.dataset_config, args.split) if part)
-    if args.ray is not None:
-        metrics = evaluate_on_ray(args, records, source)
+    if is_baseline(args.model):
+        if args.ray is not None:
+            raise CliError(f"{args.model} is a baseline: --ray does not apply")
+        metrics = run_baseline_evaluation(args.model, records, args.out, source=source, overwrite=args.overwrite)
+    elif args.ray is not None:
+        metrics = evaluate_on_ray(args, records, source, baselines)
     else:
         for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
             if getattr(args, option) is not None:
                 raise CliError(f"--{option.replace('_', '-')} needs --ray")
         metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
-                                 progress=not args.no_progress, source=source, overwrite=args.overwrite)
+                                 progress=not args.no_progress, source=source, overwrite=args.overwrite,
+                                 baselines=baselines)
     print(json.dumps(metrics, indent=2))
+    print(rouge_lines(metrics), file=sys.stderr)
     return 0
 
 
-def evaluate_on_ray(args: argparse.Namespace, records: list, source: str) -> dict:
-    """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder."""
+def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = ()) -> dict:
+    """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
+    (with `baselines` scored beside it)."""
     try:
         from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaConfig, ReplicaPool
     except ModuleNotFoundError as error:
@@ -285,7 +326,8 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str) -> dic
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, predict=pool.iter_predictions)
+                                 source=source, overwrite=args.overwrite, predict=pool.iter_predictions,
+                                 baselines=baselines)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
@@ -307,15 +349,44 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_demo_model(args: argparse.Namespace) -> int:
-    """Write the demo checkpoint and say plainly that its summaries are meaningless."""
-    from bart_opt.demo import build_checkpoint, write_sample_records
+ROUGE_LABELS = {"rouge1": "R1", "rouge2": "R2", "rougeL": "RL", "rougeLsum": "RLsum"}
 
-    path = build_checkpoint(args.dir, seed=args.seed, init_std=0.2)
-    sample = write_sample_records(path / "sample.jsonl", seed=args.seed)
-    print(f"wrote a random demo BART checkpoint to {path}")
-    print(f"wrote {sample} (24 CNN-like records) for: bart-opt evaluate --model {path} --data {sample} --out runs/demo")
-    print(DEMO_WARNING)
+
+def rouge_lines(metrics: dict) -> str:
+    """The F-measures of a run and of its baselines, one line each: ``R1 45.10 [43.02-47.31] ...``."""
+    runs = [(metrics["model"], metrics["rouge"])]
+    runs += [(name, baseline["rouge"]) for name, baseline in metrics.get("baselines", {}).items()]
+    width = max(len(name) for name, _ in runs)
+    lines = [f"ROUGE F1, mid [95% interval], {metrics['n_scored']} of {metrics['n_obs']} records scored:"]
+    for name, rouge in runs:
+        if rouge is None:
+            lines.append(f"  {name:<{width}}  no references to score")
+        else:
+            cells = [_rouge_cell(label, rouge[key]) for key, label in ROUGE_LABELS.items() if key in rouge]
+            lines.append(f"  {name:<{width}}  " + "  ".join(cells))
+    return "\n".join(lines)
+
+
+def _rouge_cell(label: str, interval: dict) -> str:
+    low, mid, high = (interval[bound]["fmeasure"] for bound in ("low", "mid", "high"))
+    return f"{label} {mid:5.2f} [{low:.2f}-{high:.2f}]"
+
+
+def cmd_demo_model(args: argparse.Namespace) -> int:
+    """Write the trained demo checkpoint (or, with --random, a random one) and held-out sample records."""
+    from bart_opt.demo import build_checkpoint, write_demo_model, write_sample_records
+
+    if args.random:
+        path = build_checkpoint(args.dir, seed=args.seed, init_std=0.2)
+        sample = write_sample_records(path / "sample.jsonl", seed=args.seed)
+        print(f"wrote a random demo BART checkpoint to {path}")
+    else:
+        path = write_demo_model(args.dir, seed=args.seed)
+        sample = path / "sample.jsonl"
+        print(f"wrote the trained demo BART checkpoint to {path}")
+    print(f"wrote {sample} (24 held-out news-like records) for: "
+          f"bart-opt evaluate --model {path} --data {sample} --out runs/demo --baselines lead-3")
+    print(RANDOM_WARNING if args.random else DEMO_NOTE)
     return 0
 
 

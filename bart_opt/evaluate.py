@@ -264,6 +264,7 @@ def run_evaluation(
     source: str | None = None,
     overwrite: bool = False,
     predict: Predict | None = None,
+    baselines: Sequence[str] = (),
 ) -> dict:
     """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
 
@@ -271,25 +272,28 @@ def run_evaluation(
     `progress` shows a tqdm bar on stderr. `on_batch(rows)` runs after each batch is
     on disk (a hook for callers and tests; raising from it stops the run, leaving a
     resumable directory). `source` names the dataset in run.json and in messages.
-    `overwrite` deletes an earlier run in `out_dir` and starts over.
+    `overwrite` deletes an earlier run in `out_dir` and starts over. `baselines` (e.g.
+    ``["lead-3"]``, see `bart_opt.baselines`) are scored on the same records with the same
+    scorer and reported under ``metrics["baselines"][name]``.
     `predict(records, spec, skip_ids=...)` runs the model elsewhere (default: `iter_predictions`
     on `summarizer`), yielding lists of rows; a row whose id is already stored is dropped (a
     batch run again after a fault). With it, `summarizer` only describes the model (``name``,
     ``scorer``, ``device``, ``count_cpu_tensors``, ``generation_spec``): `bart_opt.distributed`'s
     `ReplicaPool` is both. Raises
-    `InvalidRequest` for bad generation options (before anything is written) and
+    `InvalidRequest` for bad generation options and `UnknownBaselineError` for an unknown
+    baseline (both before anything is written), and
     ValueError when `out_dir` holds a run made with another model, other generation
     settings or another dataset (ids, texts and references are fingerprinted).
     """
     from tqdm.auto import tqdm
 
+    from bart_opt.baselines import check_baselines, score_baselines
+
+    baselines = check_baselines(baselines)
     spec = summarizer.generation_spec(generation_kwargs)
     out = Path(out_dir)
-    if overwrite:
-        for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
-            (out / name).unlink(missing_ok=True)
     run = {"model": summarizer.name, "generation": spec.to_dict()}
-    _check_run_file(out / RUN_FILE, run, records, source)
+    start_run(out, run, records, source, overwrite=overwrite)
     settings = run["generation"]
     store = JsonlPredictionStore(out / PREDICTIONS_FILE)
     rows = store.load()
@@ -316,6 +320,8 @@ def run_evaluation(
     # Inside this process's model calls; the rest of the wall time is tokenizing, decoding, ROUGE and I/O.
     metrics["model_s_last_run"] = sum(model_calls) if predict is None else None
     metrics["resumed_from"] = done
+    if baselines:
+        metrics["baselines"] = score_baselines(baselines, records, summarizer.scorer)
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     return metrics
 
@@ -325,6 +331,18 @@ def _timed_rows(batches: Iterable[PredictionBatch], model_calls: list[float]) ->
     for batch in batches:
         model_calls.extend(call["seconds"] for call in batch.outcome.calls)
         yield batch.rows
+
+
+def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> None:
+    """Make `out` ready for `run` (its ``model`` and ``generation``) on `records`, before anything is written.
+
+    `overwrite` first deletes an earlier run's files there; otherwise an earlier run must match
+    (see `_check_run_file`). Records the run, with its dataset's fingerprint, in run.json.
+    """
+    if overwrite:
+        for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
+            (out / name).unlink(missing_ok=True)
+    _check_run_file(out / RUN_FILE, run, records, source)
 
 
 def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> None:

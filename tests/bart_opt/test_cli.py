@@ -16,7 +16,11 @@ import torch
 
 import bart_opt
 from bart_opt.cli import main
+from bart_opt.baselines import lead_3
+from bart_opt.data import load_records
 from bart_opt.demo import random_article
+from bart_opt.demo.trained import MODEL_FILES, packaged_model_dir
+from bart_opt.rouge import RougeScorer
 from bart_opt.summarizer import Summarizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -165,21 +169,35 @@ def test_serve_hands_its_options_to_the_service(monkeypatch):
     assert seen == {"model": "some/model", "host": "0.0.0.0", "port": 9001}
 
 
-def test_demo_model_in_a_real_process_without_importing_fastapi(tmp_path):
+def run_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -X importtime -m bart_opt.cli ...` offline; -X importtime lists every import on stderr."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    # -X importtime lists every module the process imports on stderr.
-    proc = subprocess.run(
-        [sys.executable, "-X", "importtime", "-m", "bart_opt.cli", "demo-model", str(tmp_path / "demo")],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
-    )
+    return subprocess.run([sys.executable, "-X", "importtime", "-m", "bart_opt.cli", *argv],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=300)
+
+
+def test_demo_model_copies_the_trained_checkpoint_offline_without_importing_fastapi(tmp_path):
+    proc = run_cli("demo-model", str(tmp_path / "demo"), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "meaningless" in proc.stdout
-    assert {"config.json", "generation_config.json", "model.safetensors", "sample.jsonl"} <= {
-        p.name for p in (tmp_path / "demo").iterdir()
-    }
+    assert "trained demo BART" in proc.stdout and "meaningless" not in proc.stdout
+    written = {p.name: p.read_bytes() for p in (tmp_path / "demo").iterdir()}
+    packaged = packaged_model_dir()
+    assert {name: written[name] for name in MODEL_FILES} == {name: (packaged / name).read_bytes() for name in MODEL_FILES}
+    assert set(written) == {*MODEL_FILES, "sample.jsonl"}
     imported = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
-    assert "bart_opt" in imported and "bart_opt.demo" in imported
+    assert "bart_opt.demo" in imported
     assert not [name for name in imported if name.split(".")[0] in ("fastapi", "app")]
+
+
+def test_demo_model_random_writes_a_random_checkpoint(tmp_path):
+    proc = run_cli("demo-model", str(tmp_path / "demo"), "--random", "--seed", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "random demo BART" in proc.stdout and "meaningless" in proc.stdout
+    config = json.loads((tmp_path / "demo" / "config.json").read_text())
+    assert config["d_model"] == 32 and config["encoder_layers"] == 2
+    assert (tmp_path / "demo" / "model.safetensors").read_bytes() != (packaged_model_dir() / "model.safetensors").read_bytes()
+    sample = (tmp_path / "demo" / "sample.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in sample] == [f"sample-3-{i:05d}" for i in range(24)]
 
 
 def test_ctrl_c_during_evaluate_says_how_to_resume(demo_checkpoint, tmp_path, monkeypatch, capsys):
@@ -196,16 +214,78 @@ def test_ctrl_c_during_evaluate_says_how_to_resume(demo_checkpoint, tmp_path, mo
     assert "interrupted; rerun the same command to resume" in capsys.readouterr().err
 
 
-def test_readme_main_job_evaluates_the_demo_sample(tmp_path, capsys):
-    """The README's first command: demo-model, then evaluate its sample records."""
+def test_readme_main_job_evaluates_the_demo_sample_beside_lead_3(tmp_path, capsys):
+    """The README's first command: demo-model, then evaluate its sample records with the lead-3 baseline."""
     demo = tmp_path / "demo-model"
     assert main(["demo-model", str(demo)]) == 0
     out = tmp_path / "runs"
     argv = ["evaluate", "--model", str(demo), "--data", str(demo / "sample.jsonl"), "--out", str(out),
-            "--limit", "6", "--no-progress"]
+            "--limit", "6", "--no-progress", "--baselines", "lead-3"]
+    capsys.readouterr()
     assert main(argv) == 0
+    printed = capsys.readouterr()
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["n_obs"] == 6
-    assert metrics["rouge"]["rougeLsum"]["mid"]["fmeasure"] > 0
+    assert json.loads(printed.out) == metrics
+    assert metrics["n_obs"] == 6 and metrics["rouge"]["rouge1"]["mid"]["fmeasure"] > 30
     summaries = [json.loads(line)["prediction"] for line in (out / "predictions.jsonl").read_text().splitlines()]
-    assert len(set(summaries)) > 1, "the demo model's summaries should depend on the text"
+    assert len(set(summaries)) == 6, "the demo model's summaries should depend on the text"
+    # The baseline beside the model: same records, same scorer, same bootstrap.
+    records = load_records(file=demo / "sample.jsonl", limit=6)
+    scorer = RougeScorer()
+    by_hand = scorer.aggregate([scorer.score(lead_3(r.text), r.reference) for r in records])
+    assert metrics["baselines"]["lead-3"]["rouge"] == by_hand
+    lines = printed.err.splitlines()
+    (model_line,) = [line for line in lines if line.strip().startswith(str(demo))]
+    (lead_line,) = [line for line in lines if line.strip().startswith("lead-3")]
+    mid = f"{by_hand['rouge1']['mid']['fmeasure']:5.2f}"
+    low, high = (f"{by_hand['rouge1'][k]['fmeasure']:.2f}" for k in ("low", "high"))
+    assert f"R1 {mid} [{low}-{high}]" in lead_line and "RLsum" in model_line
+
+
+def test_evaluate_lead_3_writes_a_run_folder_without_a_checkpoint(tmp_path, capsys, monkeypatch):
+    import bart_opt.cli
+
+    monkeypatch.setattr(bart_opt.cli, "load_summarizer", lambda args: pytest.fail("lead-3 needs no model"))
+    rng = random.Random(7)
+    data = tmp_path / "cnn.jsonl"
+    rows = [{"id": str(i), "article": random_article(rng, 5), "highlights": random_article(rng, 2)} for i in range(4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "lead"
+    assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert json.loads(printed.out) == metrics
+    assert (metrics["model"], metrics["baseline"], metrics["n_obs"], metrics["n_scored"]) == ("lead-3", True, 4, 4)
+    predictions = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert [p["prediction"] for p in predictions] == [lead_3(row["article"]) for row in rows]
+    scorer = RougeScorer()
+    assert metrics["rouge"] == scorer.aggregate([scorer.score(lead_3(r["article"]), r["highlights"]) for r in rows])
+    run = json.loads((out / "run.json").read_text())
+    assert (run["model"], run["generation"], run["baseline"]) == ("lead-3", None, True)
+    assert (run["dataset"]["source"], run["dataset"]["records"]) == (str(data), 4)
+    assert "lead-3  R1" in printed.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--model", "lead-3", "--num-beams", "4"], "lead-3 is a baseline: generation options (--num-beams)"),
+        (["--model", "lead-3", "--baselines", "lead-3"], "lead-3 is a baseline itself"),
+        (["--model", "{ckpt}", "--baselines", "lead-3,lead-9"], "unknown baseline 'lead-9'; available: lead-3"),
+    ],
+)
+def test_baseline_mistakes_are_one_line_and_exit_2(argv, message, demo_checkpoint, tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"id": "a", "article": "Some words here.", "highlights": "Words."}) + "\n")
+    argv = [arg.format(ckpt=demo_checkpoint) for arg in argv]
+    assert main(["evaluate", *argv, "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_summarize_with_lead_3(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"id": "x", "text": "One. Two. Three. Four."}) + "\n")
+    assert main(["summarize", "--model", "lead-3", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"id": "x", "summary": "One.\nTwo.\nThree."}

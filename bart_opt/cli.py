@@ -20,7 +20,7 @@ from bart_opt.spec import REQUEST_OPTIONS
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 DEMO_NOTE = (
-    "note: a tiny BART (about 1.4M parameters) trained for a few minutes on generated news stories; "
+    "note: a tiny BART (about 1.4M parameters) trained for about 6 CPU-minutes on generated news stories; "
     "it summarizes stories like those in sample.jsonl (held out from training) and little else. "
     "Use it to try bart-opt offline; judge real summaries with a real checkpoint such as facebook/bart-large-cnn."
 )

@@ -14,9 +14,11 @@ How a job runs (``JobRunner._run``):
 3. Records the submission marked failed (too long, not valid Unicode), or that the tokenizer
    refuses, get an error row without a model call. Each planned batch becomes one
    ``Kind.JOB`` work item on the device worker that also serves ``POST /summarize`` (which
-   goes first, up to its burst limit); only one batch of a job is ever in the worker.
-4. The finished batch is written in one transaction (predictions, batch stats, counters);
-   the next batch is submitted only after that commit.
+   goes first, up to its burst limit).
+4. A finished batch is written in one transaction (predictions, batch stats, counters). The
+   next batch is handed to the worker just before that write, so the device does not wait
+   for the store: at most one batch of a job is on the device, and one more queued behind it
+   while a write is under way (taken back if the write ends the job's run).
 5. When every record has a row, the job ends: ``failed`` with the first reasons when every
    example failed, else ``succeeded`` with metrics computed from all stored rows, streamed
    in record order (`bart_opt.evaluate.metrics_from_rows`), so ROUGE is the same however
@@ -323,12 +325,22 @@ class JobRunner:
 
     def _drain(self, run: _Run, spec: GenerationSpec, pending: deque[list[_Entry]]) -> bool:
         """Work through `pending` batches, splitting a failed one into single records; False
-        when `MAX_FAILURE_STREAK` model failures in a row failed the job."""
-        while pending:
-            self._check()
-            batch = pending.popleft()
+        when `MAX_FAILURE_STREAK` model failures in a row failed the job.
+
+        The next batch is handed to the worker as soon as one is done, before that one is
+        written, so the device does not wait for the store: a job has at most one batch on the
+        device and, while a batch is being written, one more queued behind it.
+        """
+        queued: tuple[list[_Entry], WorkItem] | None = None
+        while queued is not None or pending:
+            if queued is None:  # a queued batch is `_wait`'s: it knows cancel and stop
+                self._check()
+                batch = pending.popleft()
+                queued = (batch, self._submit(self._work_item(spec, batch)))
+            batch, item = queued
+            queued = None
             try:
-                write = self._execute(run, spec, batch)
+                write = self._collect(run, batch, item, self._wait(item))
             except (_Interrupted, concurrent.futures.CancelledError):
                 raise _Interrupted from None
             except Exception as error:  # noqa: BLE001 - isolate the record at fault
@@ -343,8 +355,15 @@ class JobRunner:
                     "the model failed on this example (internal error; the server log has the details)")
                 row = _error_row(batch[0].stored, reason, batch[0].encoded)
                 write = BatchWrite(rows=[row], positions=[batch[0].position], run=run.number)
-            self._write(run, write)
-            if not self._tally(run, write.rows):
+            queued = self._prefetch(spec, pending)
+            try:
+                self._write(run, write)
+                healthy = self._tally(run, write.rows)
+            except BaseException:
+                self._withdraw(queued)
+                raise
+            if not healthy:
+                self._withdraw(queued)
                 return False
         return True
 
@@ -369,36 +388,44 @@ class JobRunner:
         run.done += len(write.rows)
         self._live = (run.started, run.done)
 
-    def _execute(self, run: _Run, spec: GenerationSpec, batch: list[_Entry]) -> BatchWrite:
-        """One batch through the worker, as prediction rows."""
-        records = [entry.stored.record for entry in batch]
-        references = [record.reference for record in records]
-        item = WorkItem(
-            texts=[record.text for record in records],
+    def _work_item(self, spec: GenerationSpec, batch: list[_Entry]) -> WorkItem:
+        """The worker's item for one batch (its encoded ids travel with it: no second tokenization)."""
+        references = [entry.stored.record.reference for entry in batch]
+        return WorkItem(
+            texts=[entry.stored.record.text for entry in batch],
             generation=spec,
             longest=max(len(entry.encoded.ids) for entry in batch),
             references=references if any(ref is not None for ref in references) else None,
             encoded=[entry.encoded for entry in batch],
             kind=Kind.JOB,
         )
-        result = self._submit_and_wait(item).result
-        peak = result.memory["peak_bytes"]
-        rows = [prediction_row(record, summary, details, peak)
-                for record, summary, details in zip(records, result.summaries, result.items)]
-        return BatchWrite(rows=rows, positions=[entry.position for entry in batch], run=run.number,
-                          peak_bytes=peak, seconds=result.timing["total"], queue_s=item.queue_seconds)
 
-    def _submit_and_wait(self, item: WorkItem) -> ItemResult:
+    def _collect(self, run: _Run, batch: list[_Entry], item: WorkItem, result: ItemResult) -> BatchWrite:
+        """A finished batch's prediction rows, as one write."""
+        summary = result.result
+        peak = summary.memory["peak_bytes"]
+        rows = [prediction_row(entry.stored.record, text, details, peak)
+                for entry, text, details in zip(batch, summary.summaries, summary.items)]
+        return BatchWrite(rows=rows, positions=[entry.position for entry in batch], run=run.number,
+                          peak_bytes=peak, seconds=summary.timing["total"], queue_s=item.queue_seconds)
+
+    def _submit(self, item: WorkItem) -> WorkItem:
+        """Hand `item` to the worker, waiting while its queue is full."""
         worker = self.summarize.worker
         while True:
             self._check()
             try:
                 worker.submit(item)
-                break
+                return item
             except QueueFull:
                 self._stop.wait(self.queue_full_wait_s)
             except NotAccepting:
                 raise _Interrupted from None
+
+    def _wait(self, item: WorkItem) -> ItemResult:
+        """`item`'s result; `_Interrupted` when the job is cancelled, or the runner stops before
+        the item reached the device."""
+        worker = self.summarize.worker
         # Sleep until the batch is done or `cancel`/`stop` ring: no polling, which would take the
         # GIL from the device thread many times a second.
         item.future.add_done_callback(lambda _: self._attention.set())
@@ -411,6 +438,23 @@ class JobRunner:
             if self._stop.is_set() and worker.cancel(item):
                 raise _Interrupted
         return item.future.result()
+
+    def _prefetch(self, spec: GenerationSpec, pending: deque[list[_Entry]]) -> tuple[list[_Entry], WorkItem] | None:
+        """Hand the next pending batch to the worker now if it takes it at once; not while the
+        job is stopping or cancelled, nor into a full queue (then it goes the usual way, later)."""
+        if not pending or self._stop.is_set() or self._is_cancelled():
+            return None
+        item = self._work_item(spec, pending[0])
+        try:
+            self.summarize.worker.submit(item)
+        except (QueueFull, NotAccepting):
+            return None
+        return pending.popleft(), item
+
+    def _withdraw(self, queued: tuple[list[_Entry], WorkItem] | None) -> None:
+        """Take a batch handed to the worker ahead of time back (its result would not be written)."""
+        if queued is not None:
+            self.summarize.worker.cancel(queued[1])
 
     # ---- the end of a job ----------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 
 from app.jobs.store import JobStore, NewJob
 from app.service import load_summarizer
@@ -111,6 +112,38 @@ def test_a_stopped_service_resumes_its_job_where_it_stopped(make_jobs_app, write
     assert [(batch["run"], batch["size"]) for batch in view["memory"]["batches"]] == [(1, 2), (1, 2), (2, 2)]
     expected_rows, metrics = evaluate_directly(direct, load_records(file=path), FAST)
     assert [row["id"] for row in rows] == [f"doc-{i}" for i in range(6)]
+    assert {row["id"]: row["prediction"] for row in rows} == {k: v["prediction"] for k, v in expected_rows.items()}
+    assert view["rouge"] == metrics["rouge"]
+
+
+def test_the_next_batch_is_on_the_device_while_the_last_one_is_written(make_jobs_app, write_jsonl, direct,
+                                                                        monkeypatch):
+    path = write_jsonl("six.jsonl", cnn_rows(6, seed=14))
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), max_batch_size=2)
+    arrived_during_write = []
+    write_batch = JobStore.write_batch
+
+    def slow_write(store, job_id, owner, write):
+        # Serially, the next batch would reach the model only after this write: the wait would time out.
+        if write.model_call and len(arrived_during_write) < 2:
+            expected = len(stepper.sizes) + 1
+            stepper.allow(1)
+            deadline = time.monotonic() + 30
+            while len(stepper.sizes) < expected and time.monotonic() < deadline:
+                time.sleep(0.01)
+            arrived_during_write.append(len(stepper.sizes) >= expected)
+        return write_batch(store, job_id, owner, write)
+
+    monkeypatch.setattr(JobStore, "write_batch", slow_write)
+    with serving(app) as client:
+        job_id = submit_file(client, "six.jsonl")
+        stepper.allow(1)
+        view = wait_for_job(client, job_id)
+        rows = prediction_rows(client, job_id)
+    assert arrived_during_write == [True, True]
+    assert view["status"] == "succeeded" and view["progress"]["done"] == 6
+    expected_rows, metrics = evaluate_directly(direct, load_records(file=path), FAST)
     assert {row["id"]: row["prediction"] for row in rows} == {k: v["prediction"] for k, v in expected_rows.items()}
     assert view["rouge"] == metrics["rouge"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 from bart_opt.data import Record
@@ -70,48 +70,61 @@ def baseline_summary(name: str, text: str) -> str:
     return BASELINES[name](text)
 
 
-def baseline_rows(name: str, records: Sequence[Record], scorer: RougeScorer) -> list[dict]:
-    """One prediction row per record: ``id``, ``prediction``, ``reference``, ``rouge``, ``error``, ``seconds``.
+def baseline_rows(name: str, records: Iterable[Record], scorer: RougeScorer) -> Iterator[dict]:
+    """One prediction row per record, made as the records are read: ``id``, ``prediction``,
+    ``reference``, ``rouge``, ``error``, ``seconds``.
 
     ``rouge`` is None for a record without a reference. The model-only fields of a model's
     rows (tokens, padding, memory) are left out: a baseline has none of them.
     """
     (name,) = check_baselines([name])
     summarize = BASELINES[name]
-    rows = []
     for record in records:
         start = time.perf_counter()
         prediction = summarize(record.text)
         rouge = scorer.score(prediction, record.reference) if record.reference is not None else None
-        rows.append({"id": record.id, "prediction": prediction, "reference": record.reference, "rouge": rouge,
-                     "error": None, "seconds": time.perf_counter() - start})
-    return rows
+        yield {"id": record.id, "prediction": prediction, "reference": record.reference, "rouge": rouge,
+               "error": None, "seconds": time.perf_counter() - start}
 
 
-def baseline_metrics(rows: Sequence[dict], name: str, scorer: RougeScorer) -> dict:
+def baseline_metrics(rows: Iterable[dict], name: str, scorer: RougeScorer) -> dict:
     """``model``, ``baseline``, ``n_obs``, ``n_errors``, ``n_scored``, ``runtime_s``,
-    ``seconds_per_sample`` and ``rouge`` (bootstrap intervals, or None when nothing has a reference)."""
-    scored = [row["rouge"] for row in rows if row["rouge"] is not None]
-    runtime = sum(row["seconds"] for row in rows)
+    ``seconds_per_sample`` and ``rouge`` (bootstrap intervals, or None when nothing has a reference).
+
+    `rows` are read once and only their scores are kept (packed), so any number can stream through.
+    """
+    from bart_opt.evaluate import PackedScores
+
+    scored = PackedScores(scorer.rouge_types)
+    n, runtime = 0, 0.0
+    for row in rows:
+        n += 1
+        runtime += row["seconds"]
+        if row["rouge"] is not None:
+            scored.append(row["rouge"])
     return {
         "model": name,
         "baseline": True,
-        "n_obs": len(rows),
+        "n_obs": n,
         "n_errors": 0,
         "n_scored": len(scored),
         "runtime_s": runtime,
-        "seconds_per_sample": runtime / len(rows) if rows else 0.0,
-        "rouge": scorer.aggregate(scored) if scored else None,
+        "seconds_per_sample": runtime / n if n else 0.0,
+        "rouge": scorer.aggregate(scored) if len(scored) else None,
     }
 
 
-def score_baselines(names: Iterable[str], records: Sequence[Record], scorer: RougeScorer | None = None) -> dict:
+def score_baselines(names: Iterable[str], records: Iterable[Record] | Callable[[], Iterable[Record]],
+                    scorer: RougeScorer | None = None) -> dict:
     """Metrics of each baseline on `records`, by name (see `baseline_metrics`).
 
-    Pass the model's scorer so that the intervals are computed the same way as the model's.
+    `records` is a sequence, or a function returning a fresh iterable of them (read once per
+    baseline: a database cursor, a file reader). Pass the model's scorer so that the intervals
+    are computed the same way as the model's.
     """
     scorer = scorer or RougeScorer()
-    return {name: baseline_metrics(baseline_rows(name, records, scorer), name, scorer)
+    read = records if callable(records) else (lambda: records)
+    return {name: baseline_metrics(baseline_rows(name, read(), scorer), name, scorer)
             for name in check_baselines(names)}
 
 
@@ -133,7 +146,7 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
     out = Path(out_dir)
     start_run(out, {"model": name, "generation": None, "baseline": True}, records, source, overwrite=overwrite)
     start = time.perf_counter()
-    rows = baseline_rows(name, records, scorer)
+    rows = list(baseline_rows(name, records, scorer))
     (out / PREDICTIONS_FILE).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows),
                                         encoding="utf-8")
     metrics = baseline_metrics(rows, name, scorer)

@@ -134,7 +134,7 @@ def metrics_from_rows(rows: Iterable[dict], *, summarizer: Summarizer, generatio
     can stream through (from a file, or from a database a page at a time).
     """
     types = summarizer.scorer.rouge_types
-    scores = _PackedScores(types)
+    scores = PackedScores(types)
     n = errors = padding_computed = padding_avoided = tokens_in = tokens_out = truncated = peak = 0
     runtime = 0.0
     for row in rows:
@@ -164,7 +164,7 @@ def metrics_from_rows(rows: Iterable[dict], *, summarizer: Summarizer, generatio
     }
 
 
-class _PackedScores(Sequence):
+class PackedScores(Sequence):
     """Per-example ROUGE scores packed as floats (rouge type x measure), read back as the scorer's dicts."""
 
     def __init__(self, rouge_types: Sequence[str]):

@@ -32,6 +32,20 @@ function rougeTable(rouge) {
   ], ROUGE_TYPES.filter((t) => rouge[t]), { id: "rouge-table" });
 }
 
+function baselineTable(baselines) {
+  if (!baselines || !baselines.length) return null;
+  const cell = (b, type) => {
+    if (!b.rouge || !b.rouge[type]) return h("span", { class: "muted" }, "–");
+    const value = b.rouge[type].mid.fmeasure;
+    return h("span", { "data-type": type, "data-value": value }, fmt(value),
+      h("span", { class: "interval" }, ` [${fmt(b.rouge[type].low.fmeasure)}–${fmt(b.rouge[type].high.fmeasure)}]`));
+  };
+  return h("div", {}, h("h3", {}, "Baselines on the same records (F1, 95% interval)"), table([
+    { label: "Baseline", cell: (b) => h("span", { class: "mono" }, b.name) },
+    ...ROUGE_TYPES.map((t) => ({ label: ROUGE_NAMES[t], numeric: true, cell: (b) => cell(b, t) })),
+  ], baselines, { id: "baseline-table" }));
+}
+
 function facts(job) {
   const t = job.timing || {};
   const m = job.memory || {};
@@ -218,7 +232,7 @@ export function jobView(main, { fail }, id, params) {
         job.error ? notice(job.error) : null,
         progressBar(job.progress, job.status),
         facts(job));
-      replace(rougeSlot, rougeTable(job.rouge));
+      replace(rougeSlot, rougeTable(job.rouge), baselineTable(job.baselines));
       replace(batchSlot, batchCharts(job.memory && job.memory.batches));
       if (progressChanged) {
         const focused = resultSlot.contains(document.activeElement);

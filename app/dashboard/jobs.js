@@ -75,11 +75,14 @@ function newJobForm(onCreated) {
     limit: field("Limit", { name: "limit", type: "number", min: 1, placeholder: "all" }),
   };
   const generation = generationFieldset("job");
+  const lead3 = h("input", { type: "checkbox", name: "baselines", value: "lead-3", id: "job-baseline-lead-3", checked: true });
+  const baselines = h("div", { class: "field" }, h("label", { for: lead3.id }, lead3,
+    " Score the lead-3 baseline (the article's first three sentences) beside the model"));
   const submit = h("button", { type: "submit" }, "Start job");
   const form = h("form", { id: "new-job", novalidate: true },
     h("fieldset", {}, h("legend", {}, "Dataset"), h("div", { class: "radios" }, radios), Object.values(panels)),
     h("details", {}, h("summary", {}, "Columns and limit"), h("div", { class: "grid" }, Object.values(columns))),
-    generation, h("div", { class: "actions" }, submit), slot);
+    generation, baselines, h("div", { class: "actions" }, submit), slot);
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     clearErrors(form, slot);
@@ -100,6 +103,7 @@ function newJobForm(onCreated) {
       if (columns[name].input.value.trim()) body[name] = columns[name].input.value.trim();
     }
     if (columns.limit.input.value.trim()) body.limit = Number(columns.limit.input.value);
+    if (lead3.checked) body.baselines = ["lead-3"];
     submit.disabled = true;
     try {
       const job = await api("/evaluate", { method: "POST", body });

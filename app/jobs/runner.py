@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
+from bart_opt.baselines import score_baselines
 from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate import metrics_from_rows, prediction_row, refused_row
 from bart_opt.spec import GenerationSpec
@@ -473,6 +474,9 @@ class JobRunner:
         model = self._model()
         metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), summarizer=model,
                                                         generation=generation))
+        if job["baselines"]:  # on this thread, on the CPU: the device goes on with other work
+            metrics["baselines"] = self._store(lambda: score_baselines(
+                job["baselines"], lambda: self.store.iter_records(job_id), model.scorer))
         if self._store(self.store.finish, job_id, self.owner, metrics):
             logger.info("job %s succeeded (%d of %d examples failed)", job_id, job["failed"], job["total"])
 

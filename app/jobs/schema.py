@@ -22,6 +22,9 @@ Version 2 (this module's reason to exist):
 
 Version 3: ``jobs.status_detail``, what a running job is waiting for or running on, in words
 (set by the runner of a job on a Ray cluster; NULL otherwise and once the job leaves ``running``).
+
+Version 4: ``jobs.baselines``, the baselines (JSON list of names, e.g. ``["lead-3"]``) scored
+beside the model when the job ends.
 """
 
 from __future__ import annotations
@@ -151,7 +154,11 @@ _V3 = """
 ALTER TABLE jobs ADD COLUMN status_detail TEXT;
 """
 
-STEPS = (_V1, _V2, _V3)  # STEPS[k] takes a database from version k to version k + 1
+_V4 = """
+ALTER TABLE jobs ADD COLUMN baselines TEXT NOT NULL DEFAULT '[]';
+"""
+
+STEPS = (_V1, _V2, _V3, _V4)  # STEPS[k] takes a database from version k to version k + 1
 VERSION = len(STEPS)
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.schemas import GenerationOptions, RougeAggregate
+from bart_opt.baselines import BASELINES
+
+BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines
 
 SOURCES = ("hub", "file", "records")
 
@@ -79,6 +82,11 @@ class EvaluateRequest(BaseModel):
         None, ge=1, description="Evaluate only the first N records (at most BART_OPT_MAX_JOB_RECORDS)."
     )
     generation: GenerationOptions | None = Field(None, description="Overrides of the generation defaults.")
+    baselines: list[BaselineName] = Field(
+        default_factory=list, max_length=8,
+        description="Baselines scored on the same records beside the model when the job ends (e.g. lead-3: the "
+        "article's first three sentences), reported under `baselines` with the same ROUGE intervals.",
+    )
 
     def columns(self) -> dict:
         """The effective column names: given ones, else the source's defaults."""
@@ -130,6 +138,14 @@ class JobTiming(BaseModel):
     queue_s: float | None
 
 
+class BaselineView(BaseModel):
+    """A baseline scored beside the job's model on the same records; ``rouge`` once the job has succeeded."""
+
+    name: str
+    rouge: RougeAggregate | None
+    n_scored: int | None
+
+
 class JobView(BaseModel):
     """An evaluation job as the API shows it."""
 
@@ -145,6 +161,7 @@ class JobView(BaseModel):
     finished_at: str | None
     progress: Progress
     rouge: RougeAggregate | None
+    baselines: list[BaselineView] = Field(default_factory=list, description="The baselines the job asked for.")
     memory: JobMemory
     timing: JobTiming
     tokens: dict | None = None

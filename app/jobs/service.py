@@ -213,7 +213,8 @@ class JobService:
             generation = self.summarize.generation_spec(body.generation)
             new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=summarizer.name,
                          dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
-                         generation=generation.to_dict(), idempotency_key=idempotency_key)
+                         generation=generation.to_dict(), idempotency_key=idempotency_key,
+                         baselines=tuple(dict.fromkeys(body.baselines)))
             with self._dataset_errors(body) as where:
                 records = self._open(body)
                 try:
@@ -378,6 +379,7 @@ class JobService:
             "finished_at": _iso(job["finished_at"]),
             "progress": {"done": done, "failed": job["failed"], "total": total, "rate": rate, "eta_s": eta},
             "rouge": metrics.get("rouge"),
+            "baselines": [_baseline_view(name, metrics.get("baselines", {}).get(name)) for name in job["baselines"]],
             "memory": memory,
             "timing": {
                 "runtime_s": runtime,
@@ -404,6 +406,13 @@ def _hub_problem(hub: str, error: HubUnavailable) -> str:
     if isinstance(cause, ValueError):
         return f"could not load {hub!r} with this config and split; check their names"
     return f"could not load {hub!r} from the hub; the server log has the reason"
+
+
+def _baseline_view(name: str, metrics: dict | None) -> dict:
+    """A requested baseline as the API shows it (no scores before the job's end)."""
+    if metrics is None:
+        return {"name": name, "rouge": None, "n_scored": None}
+    return {"name": name, "rouge": metrics["rouge"], "n_scored": metrics["n_scored"]}
 
 
 def _hash(body: EvaluateRequest) -> str:

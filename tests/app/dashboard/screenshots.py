@@ -19,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from app.main import create_app  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from bart_opt.demo import build_checkpoint, write_sample_records  # noqa: E402
+from bart_opt.demo import write_demo_model, write_sample_records  # noqa: E402
 from tests.app.dashboard.live import LiveServer, launch_chromium, wait_for_jobs  # noqa: E402
 
 VIEWPORT = {"width": 1280, "height": 860}
@@ -37,17 +37,18 @@ def take(out: Path, work: Path) -> list[Path]:
     """Run the scenario and write the PNGs into `out`; returns their paths."""
     from playwright.sync_api import sync_playwright
 
-    checkpoint = build_checkpoint(work / "demo", init_std=0.2)
+    checkpoint = write_demo_model(work / "demo")
     data = work / "data"
     write_sample_records(data / "sample.jsonl", n=24)
     write_sample_records(data / "long.jsonl", n=400, seed=1)
+    story = json.loads((data / "sample.jsonl").read_text(encoding="utf-8").splitlines()[0])
     settings = {"model": str(checkpoint), "data_dir": str(data), "max_batch_size": 4, "torch_threads": 1}
     out.mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     shots = []
     with LiveServer(create_app(Settings(db=str(work / "jobs.db"), **settings))) as live, live.client() as client:
-        finished = [client.post("/evaluate", json={"dataset": {"file": "sample.jsonl"},
-                                                   "generation": {**SHORT, "num_beams": beams}}).json()["id"]
+        finished = [client.post("/evaluate", json={"dataset": {"file": "sample.jsonl"}, "baselines": ["lead-3"],
+                                                   "generation": {"num_beams": beams}}).json()["id"]
                     for beams in (1, 4)]  # fmt: skip
         wait_for_jobs(client, finished)
         client.post("/summarize", json={"texts": ["Police said the city council voted on Monday."],
@@ -69,8 +70,8 @@ def take(out: Path, work: Path) -> list[Path]:
             shots.append(_shot(page, out / "compare.png"))
             page.goto(f"{live.url}/#/try")
             page.fill("#try-num_beams", "2")
-            page.fill("#try-max_length", "20")
-            page.locator(".try-reference").first.fill("The council voted to expand the library.")
+            page.locator(".try-text").first.fill(story["article"])
+            page.locator(".try-reference").first.fill(story["highlights"])
             page.get_by_role("button", name="Summarize").click()
             page.wait_for_selector("#try-result .summary")
             shots.append(_shot(page, out / "try.png"))

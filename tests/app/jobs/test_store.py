@@ -240,8 +240,9 @@ def test_a_database_of_the_first_schema_migrates_forward_keeping_its_jobs(tmp_pa
     store = JobStore(path)
     store.initialize()
     with sqlite3.connect(path) as connection:
-        assert version(connection) == VERSION == 3
+        assert version(connection) == VERSION == 4
     old = store.get("old")
+    assert old["baselines"] == []  # jobs from before baselines asked for none
     assert (old["status"], old["done"], old["failed"], old["peak_bytes"], old["owner"]) == ("running", 2, 1, 900, None)
     assert store.counts() == {"queued": 0, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 0}
     assert [row["id"] for row in map(json.loads, store.prediction_lines("old", "only"))] == ["id-1"]

@@ -1,7 +1,7 @@
 """Screenshots of every dashboard page, for the README: ``python3 -m tests.app.dashboard.screenshots OUT_DIR``.
 
 Builds the demo checkpoint and its sample records in a temporary folder, serves the app on them,
-runs two finished jobs (1 beam and 4 beams) and a longer one that is still running, sends one
+runs two finished jobs (greedy with summaries cut at 48 tokens, and 4 beams) and a longer one that is still running, sends one
 ``/summarize``, and saves ``jobs.png``, ``job.png``, ``compare.png``, ``try.png``, ``service.png``
 and ``login.png`` (a second server with an API key) into OUT_DIR. Fails on any console error.
 """
@@ -48,8 +48,8 @@ def take(out: Path, work: Path) -> list[Path]:
     shots = []
     with LiveServer(create_app(Settings(db=str(work / "jobs.db"), **settings))) as live, live.client() as client:
         finished = [client.post("/evaluate", json={"dataset": {"file": "sample.jsonl"}, "baselines": ["lead-3"],
-                                                   "generation": {"num_beams": beams}}).json()["id"]
-                    for beams in (1, 4)]  # fmt: skip
+                                                   "generation": generation}).json()["id"]
+                    for generation in ({"num_beams": 1, "max_length": 48}, {"num_beams": 4})]  # fmt: skip
         wait_for_jobs(client, finished)
         client.post("/summarize", json={"texts": ["Police said the city council voted on Monday."],
                                         "references": ["The council voted."], "generation": SHORT})  # fmt: skip

@@ -58,6 +58,13 @@ def load_summarizer(settings: Settings, **summarizer_options) -> Summarizer:
     )
 
 
+
+def shown_model(model: str) -> str:
+    """A model as clients see it: a hub id or relative folder as given, an absolute folder by its
+    last component only (server paths stay out of responses)."""
+    path = Path(model)
+    return path.name if path.is_absolute() else model
+
 class ClientDisconnected(ApiError):
     """The client went away while its request waited; the answer has nowhere to go."""
 
@@ -123,10 +130,8 @@ class SummarizeService:
 
     @property
     def model_name(self) -> str:
-        """The model as clients see it: a hub id or relative folder as configured, an absolute
-        folder by its last component only (server paths stay out of responses)."""
-        model = Path(self.settings.model)
-        return model.name if model.is_absolute() else self.settings.model
+        """The model as clients see it (see `shown_model`)."""
+        return shown_model(self.settings.model)
 
     def check_ready(self) -> None:
         """Raise the 503 that fits the worker's state unless it takes work."""

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
+from app.service import shown_model
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
 from bart_opt.baselines import score_baselines
 from bart_opt.errors import InvalidRequest
@@ -227,8 +228,8 @@ class JobRunner:
         logger.info("job %s: run %d, %d of %d examples done", job_id, job["runs"], job["done"], job["total"])
         try:
             if job["model"] != summarizer.name:
-                self._store(self.store.fail, job_id, f"the job was submitted for model {job['model']!r} but the "
-                            f"server now runs {summarizer.name!r}; submit it again", self.owner)
+                self._store(self.store.fail, job_id, f"the job was submitted for model {shown_model(job['model'])!r} but the "
+                            f"server now runs {shown_model(summarizer.name)!r}; submit it again", self.owner)
                 return
             spec = GenerationSpec.from_dict(job["generation"])
             if self._process(job, spec):

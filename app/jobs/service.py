@@ -42,6 +42,7 @@ from app.jobs.schemas import EvaluateRequest
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
 from app.jobs.store import ACTIVE, ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics
+from app.service import shown_model
 from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.readers import TooLarge
@@ -369,7 +370,7 @@ class JobService:
         return {
             "id": job["id"],
             "status": job["status"],
-            "model": job["model"],
+            "model": shown_model(job["model"]),
             "dataset": job["dataset"],
             "columns": job["columns"],
             "limit": job["record_limit"],

@@ -157,3 +157,4 @@ def test_a_job_for_another_model_is_failed_on_resume(make_jobs_app, tmp_path):
     with serving(make_jobs_app()) as client:
         view = wait_for_job(client, "old")
     assert view["status"] == "failed" and "some/other-model" in view["error"] and view["progress"]["done"] == 0
+    assert "/" not in view["error"].split("server now runs")[1]  # the server's own model folder by name only

@@ -34,11 +34,19 @@ class KVCache:
         self.length += steps
 
     def reorder(self, rows: torch.Tensor) -> None:
-        """Row i becomes old row `rows[i]` (N,), for the filled positions only."""
+        """Row i becomes old row `rows[i]` (N,), for the filled positions only.
+
+        Only the rows that change are copied: most beams continue their own parent's hypothesis
+        (`rows[i] == i`) and stay where they are.
+        """
+        moved = (rows != torch.arange(rows.shape[0], device=rows.device)).nonzero().squeeze(1)  # (M,)
+        if moved.numel() == 0:
+            return
+        sources = rows.index_select(0, moved)  # (M,)
         for buffers in (self.keys, self.values):
             for buf in buffers:
-                filled = buf[:, :, : self.length]
-                filled.copy_(filled.index_select(0, rows))
+                filled = buf[:, :, : self.length]  # (N, H, length, d)
+                filled.index_copy_(0, moved, filled.index_select(0, sources))
 
     def keep(self, rows: torch.Tensor) -> None:
         """Shrink to the given rows (N',), one layer at a time so the copy stays small."""

@@ -1,111 +1,134 @@
 """The decoder's cross-attention state, and the two ways of computing cross-attention over it.
 
-Both modes keep every decoder layer's cross-attention keys and values once per input,
-(B, H, S, d) each, for the whole of a generate call; inputs that finish may leave the state
-(`keep`). They differ in how the arithmetic is shaped:
+Both modes keep every decoder layer's cross-attention keys and values once per input for the
+whole of a generate call; inputs that finish may leave the state (`keep`). They differ in how
+the arithmetic is shaped:
 
-* `SharedCrossAttention` (the default): keys/values are projected from the un-expanded encoder
-  states, and the beams of one input are folded into the query axis of a single attention call
-  against the one copy. Nothing is copied per beam; the kernel sees a query length of `beams`
-  instead of 1, which rounds differently in the last bits, and beam search can turn such a
-  difference into another (near-tied) hypothesis.
+* `SharedCrossAttention` (the default): keys/values are kept per input, so that an input that
+  leaves the batch frees its own tensors without copying the others'; in float32 they cover
+  its real encoder states only, (1, H, n_i, d), so padding is neither stored nor attended to
+  (half precision keeps and masks it: `bart_opt.packing.skips_padded_keys`). The beams of one
+  input are folded into the query axis of one attention call against its single copy: nothing
+  is copied per beam. The kernel sees a query length of `beams` instead of 1, which rounds
+  differently in the last bits, and beam search can turn such a difference into another
+  (near-tied) hypothesis.
 * `ExactCrossAttention` (`exact=True`): the kernels get the inputs transformers' BART gives them
   during beam search, which expands the encoder output per beam and caches contiguous per-beam
   keys/values: the projections run on the per-beam copy of the encoder states (same
-  matrix-product shape, so the same kernel and rounding) and one beam's rows are kept; each
-  attention call copies the one layer it needs to (B*beams, H, S, d), contiguous, into buffers
-  all layers share, with a materialized (B*beams, 1, T, S) bool mask. The per-beam copies of
-  all layers never exist together.
+  matrix-product shape, so the same kernel and rounding) and one beam's rows are kept, (B, H, S, d);
+  each attention call copies the one layer it needs to (B*beams, H, S, d), contiguous, into
+  buffers all layers share, with a materialized (B*beams, 1, T, S) bool mask. The per-beam copies
+  of all layers never exist together.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
-KeysValues = Sequence[tuple[torch.Tensor, torch.Tensor]]
+from bart_opt.packing import Packing, skips_padded_keys
+
+InputKeysValues = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+"""One input's keys and values (1, H, n, d) and the (1, 1, 1, n) mask of its real keys (None: all real)."""
 
 
-class LazyKeysValues(Sequence):
-    """Keys/values computed per layer when asked for (teacher-forced forward), so that only one
-    layer's pair exists at a time."""
+class LazyLayers(Sequence):
+    """Per-layer state computed when asked for (teacher-forced forward), so that only one layer's
+    keys/values exist at a time."""
 
-    def __init__(self, attns: Sequence, memory: torch.Tensor, project):
-        self.attns, self.memory, self.project = attns, memory, project
+    def __init__(self, attns: Sequence, project: Callable):
+        self.attns, self.project = attns, project
 
     def __len__(self) -> int:
         return len(self.attns)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.project(self.attns[i], self.memory)
+    def __getitem__(self, i: int):
+        return self.project(self.attns[i])
 
 
 class SharedCrossAttention:
     """Cross-attention state of B inputs with `beams` decoder rows each (rows of one input adjacent).
 
-    Build it with `build`. `kv[i]` holds decoder layer i's keys and values, (B, H, S, d) each.
-    `attention_mask` is the (B, S) 0/1 encoder mask, or None when nothing is padded.
+    Build it with `build`. `kv[layer][i]` holds decoder layer `layer`'s `InputKeysValues` for input i.
     """
 
-    def __init__(self, kv: KeysValues, attention_mask: torch.Tensor | None, beams: int):
+    def __init__(self, kv: Sequence[list[InputKeysValues]], beams: int):
         self.kv = kv
         self.beams = beams
-        self.pad_mask = None if attention_mask is None else attention_mask.bool()  # (B, S) True = token
 
     @classmethod
     def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
               lazy: bool = False) -> SharedCrossAttention:
         """State for the cross-attention modules `attns` (one per decoder layer) over encoder states
-        `memory` (B, S, D). `lazy`: project each layer's keys/values only when it runs (a single
-        teacher-forced pass; such a state is used once and not shrunk)."""
-        def project(attn, states):
-            return cls.project(attn, states, beams)
+        `memory` (B, S, D) with (B, S) 0/1 `attention_mask` (None: nothing padded). `lazy`: project
+        each layer's keys/values only when it runs (a single teacher-forced pass; such a state is
+        used once and not shrunk)."""
+        b, s, _ = memory.shape
+        skip = skips_padded_keys(False, memory.dtype)
+        packing = Packing(attention_mask, b, s, pack=skip)
+        packed = packing.pack(memory)  # (N, D)
+        masks = [None if skip else packing.key_mask(i) for i in range(b)]  # (1, 1, 1, S) or None
 
-        kv = LazyKeysValues(attns, memory, project) if lazy else [project(attn, memory) for attn in attns]
+        def project(attn) -> list[InputKeysValues]:
+            # One product per input, so that each input's tensors can be freed on their own.
+            return [(*attn.keys_values(packed[None, rows]), mask) for rows, mask in zip(packing.rows, masks)]
+
+        kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
+        return cls(kv, beams)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Shrink to the inputs `rows` (B',); the others' keys/values are freed, nothing is copied."""
+        kept = rows.tolist()
+        for layer, per_input in enumerate(self.kv):
+            self.kv[layer] = [per_input[i] for i in kept]
+
+    def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Attention module `attn` of decoder layer `layer` applied to queries `x` (B*beams, T, D)."""
+        n, t, d_model = x.shape
+        per_input = self.kv[layer]
+        b = len(per_input)
+        # Rows of one input's beams are adjacent, so they fold into the query axis: each query
+        # attends independently, and the keys/values are shared without a per-beam copy.
+        q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
+        out = x.new_empty(b, self.beams * t, attn.heads, attn.head_dim)  # (B, beams*T, H, d)
+        for i, (k, v, mask) in enumerate(per_input):  # (1, H, n_i, d)
+            attended = F.scaled_dot_product_attention(q[i : i + 1], k, v, attn_mask=mask, scale=attn.scaling)
+            out[i] = attended[0].transpose(0, 1)
+        return attn.out_proj(out.view(n, t, d_model))  # (B*beams, T, D)
+
+
+class ExactCrossAttention:
+    """Cross-attention shaped as transformers shapes it, for bit-identical outputs.
+
+    Build it with `build`. `kv[layer]` holds decoder layer `layer`'s keys and values, (B, H, S, d)
+    each, once per input between calls; a call copies the one layer it needs into a
+    (B*beams, H, S, d) pair of buffers, contiguous, that every layer and step reuses (a fresh
+    allocation of that size per call costs more in page faults than the copy itself).
+    """
+
+    def __init__(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None,
+                 beams: int):
+        self.kv = kv
+        self.beams = beams
+        self.pad_mask = None if attention_mask is None else attention_mask.bool()  # (B, S) True = token
+        self._row_masks: dict[int, torch.Tensor] = {}
+        self._per_beam: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @classmethod
+    def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
+              lazy: bool = False) -> ExactCrossAttention:
+        """As `SharedCrossAttention.build`, with transformers' padded per-beam layout."""
+        def project(attn) -> tuple[torch.Tensor, torch.Tensor]:
+            return cls.project(attn, memory, beams)
+
+        kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
         return cls(kv, attention_mask, beams)
 
     @staticmethod
     def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's keys and values (B, H, S, d) from the encoder states (B, S, D)."""
-        return attn.keys_values(memory)
-
-    def keep(self, rows: torch.Tensor) -> None:
-        """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
-        for i, (k, v) in enumerate(self.kv):
-            self.kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
-        if self.pad_mask is not None:
-            self.pad_mask = self.pad_mask.index_select(0, rows)
-
-    def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """Attention module `attn` of decoder layer `layer` applied to queries `x` (B*beams, T, D)."""
-        k, v = self.kv[layer]
-        mask = None if self.pad_mask is None else self.pad_mask[:, None, None, :]  # (B, 1, 1, S)
-        n, t, d_model = x.shape
-        b = n // self.beams
-        # Rows of one input's beams are adjacent, so they fold into the query axis: each query
-        # attends independently, and the keys/values are shared without a per-beam copy.
-        q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # (B, H, beams*T, d)
-        return attn.out_proj(out.transpose(1, 2).reshape(n, t, d_model))  # (B*beams, T, D)
-
-
-class ExactCrossAttention(SharedCrossAttention):
-    """Cross-attention shaped as transformers shapes it, for bit-identical outputs.
-
-    Keys/values stay once per input between calls; a call copies the one layer it needs into
-    a (B*beams, H, S, d) pair of buffers, contiguous, that every layer and step reuses (a fresh
-    allocation of that size per call costs more in page faults than the copy itself).
-    """
-
-    def __init__(self, kv: KeysValues, attention_mask: torch.Tensor | None, beams: int):
-        super().__init__(kv, attention_mask, beams)
-        self._row_masks: dict[int, torch.Tensor] = {}
-        self._per_beam: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    @staticmethod
-    def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values (B, H, S, d), contiguous, from the encoder states (B, S, D)."""
         if beams == 1:
             k, v = attn.keys_values(memory)
             return k.contiguous(), v.contiguous()  # (B, H, S, d), laid out as transformers caches them
@@ -113,12 +136,15 @@ class ExactCrossAttention(SharedCrossAttention):
         # beams x the rows, whose kernel (and so rounding) may differ from the un-expanded one's.
         # Its rows for the beams of one input are equal; one beam's are kept.
         expanded = memory.repeat_interleave(beams, dim=0)  # (B*beams, S, D)
-        k = attn.split(attn.k_proj(expanded)[::beams]).contiguous()  # (B, H, S, d)
-        v = attn.split(attn.v_proj(expanded)[::beams]).contiguous()
-        return k, v
+        k, v = attn.keys_values(expanded)  # (B*beams, H, S, d)
+        return k[::beams].contiguous(), v[::beams].contiguous()  # (B, H, S, d)
 
     def keep(self, rows: torch.Tensor) -> None:
-        super().keep(rows)
+        """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
+        for i, (k, v) in enumerate(self.kv):
+            self.kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
+        if self.pad_mask is not None:
+            self.pad_mask = self.pad_mask.index_select(0, rows)
         self._row_masks.clear()
         self._per_beam = None
 
@@ -141,9 +167,13 @@ class ExactCrossAttention(SharedCrossAttention):
         return self._per_beam
 
     def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Attention module `attn` of decoder layer `layer` applied to queries `x` (B*beams, T, D)."""
         k, v = self.kv[layer]  # (B, H, S, d)
         if self.beams > 1:
             k, v = self._expand(k, v)  # (B*beams, H, S, d)
         q = attn.split(attn.q_proj(x))  # (B*beams, H, T, d)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=self._row_mask(x.shape[1]), scale=attn.scaling)
         return attn.out_proj(attn.merge(out))  # (B*beams, T, D)
+
+
+CrossAttention = SharedCrossAttention | ExactCrossAttention

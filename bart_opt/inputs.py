@@ -41,13 +41,6 @@ def check_inputs(model, input_ids, attention_mask) -> tuple[torch.Tensor, torch.
     return ids.long(), mask
 
 
-def encoder_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """(B, S) 0/1 mask -> (B, 1, 1, S) bool keep-mask for SDPA, or None when nothing is padded."""
-    if attention_mask is None or bool(attention_mask.bool().all()):
-        return None
-    return attention_mask.bool()[:, None, None, :]
-
-
 def shift_right(ids: torch.Tensor, pad_id: int, start_id: int) -> torch.Tensor:
     """(B, T) -> (B, T): prepend `start_id`, drop the last token; -100 labels become pad."""
     out = ids.new_empty(ids.shape)

@@ -1,0 +1,76 @@
+"""A padded (B, S) batch as packed rows: only real tokens go through the projections.
+
+The encoder's linear layers (projections, feed-forward, layer norms) act on each position
+alone, so they may run on the N real tokens of the batch instead of its B*S padded positions
+(12,288 positions for 9,537 tokens on the CNN-like benchmark batch). Only attention needs the
+inputs apart; `Packing.rows` gives each input's slice of the packed rows, in order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+EXACT_MIN_ROWS = 64
+"""Exact mode packs only batches of at least this many real tokens: MKL's float32 GEMM rounds a
+row alike for every row count measured from 17 up, but differently below (a matrix-vector kernel)."""
+
+
+def skips_padded_keys(exact: bool, dtype: torch.dtype) -> bool:
+    """Whether attention may leave padded keys out instead of masking them: the default mode in float32.
+
+    Leaving them out changes how the attention kernel rounds. In float32 it changed no ids on
+    the parity batches and the CTranslate2 benchmark; in float16 and bfloat16 it changed greedy
+    ids on 5 to 7 of the 8 inputs of the d256 parity batch (`tests/bart_opt/test_fidelity.py`),
+    so half precision masks the padded keys as transformers does.
+    """
+    return not exact and dtype == torch.float32
+
+
+class Packing:
+    """Where the real tokens of a (B, S) batch sit among the rows of a packed (N, D) tensor.
+
+    `attention_mask` is the (B, S) 0/1 mask (None: nothing padded). Packed rows follow the batch
+    in row-major order, so input i owns the contiguous rows `rows[i]`. With `pack=False` every
+    position is a row (N = B*S, padding included, as transformers computes it) and only the key
+    masks tell padding apart.
+    """
+
+    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, pack: bool = True):
+        self.batch, self.length = batch, length
+        keep = None if attention_mask is None else attention_mask.bool()  # (B, S)
+        if keep is not None and bool(keep.all()):
+            keep = None
+        self.keep = keep
+        packed = pack and keep is not None
+        self.index = keep.flatten().nonzero().squeeze(1) if packed else None  # (N,) flat positions
+        lengths = keep.sum(dim=1).tolist() if packed else [length] * batch
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
+        self.rows = [slice(a, b) for a, b in zip(starts, starts[1:])]
+        self.tokens = starts[-1]
+
+    @classmethod
+    def for_mode(cls, attention_mask: torch.Tensor | None, batch: int, length: int, exact: bool,
+                 device: torch.device) -> Packing:
+        """Packed rows, except in exact mode for a batch under `EXACT_MIN_ROWS` real tokens or off
+        the CPU (where another row count may select another GPU kernel; not measured)."""
+        tokens = batch * length if attention_mask is None else int(attention_mask.bool().sum())
+        exact_packs = device.type == "cpu" and tokens >= EXACT_MIN_ROWS
+        return cls(attention_mask, batch, length, pack=not exact or exact_packs)
+
+    def key_mask(self, i: int) -> torch.Tensor | None:
+        """(1, 1, 1, S) bool mask of input i's real keys, or None when nothing is padded."""
+        return None if self.keep is None else self.keep[i, None, None, None, :]
+
+    def pack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, S, D) -> (N, D), the real positions only."""
+        flat = x.reshape(self.batch * self.length, x.shape[-1])  # (B*S, D)
+        return flat if self.index is None else flat.index_select(0, self.index)
+
+    def unpack(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, D) -> (B, S, D), zeros at padding (which attention masks out: its weight there is exactly 0)."""
+        if self.index is None:
+            return x.view(self.batch, self.length, x.shape[-1])
+        out = x.new_zeros(self.batch * self.length, x.shape[-1])  # (B*S, D)
+        return out.index_copy_(0, self.index, x).view(self.batch, self.length, x.shape[-1])

@@ -113,12 +113,18 @@ class Attention(nn.Module):
         """Self-attention of each input over its own tokens; `x` (N, D) holds the batch's real
         tokens packed (`bart_opt.packing`), and so does the result.
 
-        Queries are the real tokens only. Each input's queries get the padded keys and values with
-        the padding mask, as transformers' padded batch has them (the masked keys get exactly zero
-        weight, so what stands at padding does not matter), or where `skips_padded_keys` allows,
-        the input's real keys only: then nothing at all is computed for padding.
+        Exact mode attends as transformers' padded batch does: every position a query, padded
+        keys masked (the CPU kernel blocks the queries by their count, and a block of another
+        size rounds differently). Otherwise only real tokens are queries, and they get the padded
+        keys with the padding mask (masked keys get exactly zero weight, so what stands at padding
+        does not matter) or, where `skips_padded_keys` allows, the input's real keys only: then
+        nothing at all is computed for padding.
         """
         q, k, v = self.project(x)  # (N, D) each
+        if self.exact:
+            q, k, v = (self.split(packing.unpack(t)) for t in (q, k, v))  # (B, H, S, d)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.square_mask(), scale=self.scaling)
+            return self.out_proj(packing.pack(self.merge(out)))  # (N, D)
         skip = skips_padded_keys(self.exact, x.dtype)
         if not skip:
             k, v = packing.unpack(k), packing.unpack(v)  # (B, S, D)

@@ -49,6 +49,7 @@ class Packing:
             starts.append(starts[-1] + n)
         self.rows = [slice(a, b) for a, b in zip(starts, starts[1:])]
         self.tokens = starts[-1]
+        self._square: torch.Tensor | None = None
 
     @classmethod
     def for_mode(cls, attention_mask: torch.Tensor | None, batch: int, length: int, exact: bool,
@@ -58,6 +59,13 @@ class Packing:
         tokens = batch * length if attention_mask is None else int(attention_mask.bool().sum())
         exact_packs = device.type == "cpu" and tokens >= EXACT_MIN_ROWS
         return cls(attention_mask, batch, length, pack=not exact or exact_packs)
+
+    def square_mask(self) -> torch.Tensor | None:
+        """(B, 1, S, S) bool mask, materialized as transformers materializes it (built once), or None."""
+        if self.keep is not None and self._square is None:
+            s = self.length
+            self._square = self.keep[:, None, None, :].expand(-1, 1, s, s).contiguous()
+        return self._square
 
     def key_mask(self, i: int) -> torch.Tensor | None:
         """(1, 1, 1, S) bool mask of input i's real keys, or None when nothing is padded."""

@@ -1,0 +1,84 @@
+"""The projection kernels: fused Q/K/V without a second weight copy, oneDNN only in the default
+mode, exact mode's column-blocked logits equal to transformers' product."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import bart_opt.model as model_module
+from bart_opt import Bart
+from bart_opt.bench_fidelity import SHAPES
+from bart_opt.kernels import ONEDNN, linear
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint) -> str:
+    return make_checkpoint(with_tokenizer=False, init_std=0.2, **SHAPES["small"])
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7, 64, 300])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_projections_equal_separate_ones_bit_for_bit(checkpoint, rows, dtype):
+    model = Bart.from_pretrained(checkpoint, dtype=dtype, exact=True)
+    x = torch.randn(1, rows, model.config.d_model, dtype=dtype)
+    with torch.inference_mode():
+        for attn, names in ((model.encoder.layers[0].self_attn, ("q_proj", "k_proj", "v_proj")),
+                            (model.decoder.layers[1].encoder_attn, ("k_proj", "v_proj"))):
+            fused = attn.project(x)
+            separate = [F.linear(x, getattr(attn, n).weight, getattr(attn, n).bias) for n in names]
+            assert len(fused) == len(names) and all(torch.equal(a, b) for a, b in zip(fused, separate))
+
+
+def test_fused_weights_are_views_of_one_tensor_and_survive_conversion(checkpoint):
+    model = Bart.from_pretrained(checkpoint)
+    attn = model.decoder.layers[0].self_attn
+    before = model.weights_bytes()
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.fused_weight.untyped_storage().data_ptr()
+    # 4 self-attentions: 6 tensors in 2 storages each; 2 cross-attentions: 4 tensors in 2 each.
+    assert len(storages) == len(list(model.parameters())) - 4 * 4 - 2 * 2, "fused, not copied"
+    model.to(torch.bfloat16)
+    assert attn.fused_weight.dtype == torch.bfloat16 and model.weights_bytes() == before // 2
+    assert attn.v_proj.weight.untyped_storage().data_ptr() == attn.fused_weight.untyped_storage().data_ptr()
+    with torch.no_grad():
+        attn.v_proj.weight.zero_()  # writes through to the fused weight
+    assert bool((attn.fused_weight[-attn.v_proj.weight.shape[0]:] == 0).all())
+
+
+def test_loading_a_state_dict_fuses_the_projections_again(checkpoint):
+    model, other = Bart.from_pretrained(checkpoint), Bart.from_pretrained(checkpoint)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(0.5)
+    model.load_state_dict(other.state_dict(), assign=True)
+    attn = model.encoder.layers[1].self_attn
+    assert torch.equal(attn.fused_weight[: attn.q_proj.weight.shape[0]], other.encoder.layers[1].self_attn.q_proj.weight)
+    assert attn.k_proj.weight.untyped_storage().data_ptr() == attn.fused_weight.untyped_storage().data_ptr()
+
+
+@pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
+def test_fast_linear_is_onednn_in_float32_only_and_close_to_f_linear():
+    x, w, b = torch.randn(5, 48, 256), torch.randn(512, 256), torch.randn(512)
+    with torch.inference_mode():
+        fast, plain = linear(x, w, b, fast=True), linear(x, w, b, fast=False)
+        torch.testing.assert_close(fast, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
+        assert torch.equal(plain, F.linear(x, w, b))
+        half = x.bfloat16(), w.bfloat16(), b.bfloat16()
+        assert torch.equal(linear(*half, fast=True), F.linear(*half))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exact_logits_in_column_blocks_equal_one_product(checkpoint, rows, dtype, monkeypatch):
+    monkeypatch.setattr(model_module, "LOGITS_CHUNK", 300)  # vocabulary 2000: 7 blocks, the last one short
+    model = Bart.from_pretrained(checkpoint, dtype=dtype, exact=True)
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+    hidden = torch.randn(rows, model.config.d_model, dtype=dtype)
+    with torch.inference_mode():
+        expected = F.linear(hidden, model.shared.weight) + model.final_logits_bias[0]  # transformers' order
+        assert torch.equal(model.logits(hidden), expected)
+        model.exact = False
+        torch.testing.assert_close(model.logits(hidden), expected, atol=1e-3, rtol=1e-3)

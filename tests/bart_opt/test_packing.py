@@ -1,0 +1,87 @@
+"""Packed encoder rows (`bart_opt.packing`): exact mode bit for bit, the default mode close, padding dropped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BartForConditionalGeneration
+
+from bart_opt import Bart
+from bart_opt.bench_fidelity import SHAPES
+from bart_opt.packing import EXACT_MIN_ROWS, Packing
+
+LENGTHS = (70, 9, 128, 33)  # 240 real tokens of 512 positions
+
+
+@pytest.fixture(scope="module")
+def checkpoint(make_checkpoint) -> str:
+    return make_checkpoint(with_tokenizer=False, init_std=0.2, **SHAPES["small"])
+
+
+def padded_batch(lengths=LENGTHS, vocab=2000, holes=False):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, vocab, (len(lengths), max(lengths)), generator=gen)
+    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, S) right-padded
+    if holes:
+        mask[0, 5:9] = 0  # padding inside a row: left or middle padding must work too
+    return ids.masked_fill(mask == 0, 1), mask
+
+
+def encode(model, ids, mask, pack):
+    b, s = ids.shape
+    packing = Packing(mask, b, s, pack=pack)
+    with torch.inference_mode():
+        return packing.unpack(model.encoder(model.embed(ids), packing))  # (B, S, D)
+
+
+def test_packing_round_trip_keeps_real_rows_in_order():
+    _, mask = padded_batch(holes=True)
+    packing = Packing(mask, *mask.shape)
+    x = torch.randn(*mask.shape, 3)
+    packed = packing.pack(x)
+    assert packed.shape == (int(mask.sum()), 3) and packing.tokens == packed.shape[0]
+    assert torch.equal(packed[packing.rows[1]], x[1, mask[1].bool()])
+    back = packing.unpack(packed)
+    assert torch.equal(back[mask.bool()], x[mask.bool()]) and bool((back[~mask.bool()] == 0).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("holes", [False, True])
+def test_exact_mode_packed_encoder_is_bit_identical_to_the_padded_one(checkpoint, dtype, holes):
+    model = Bart.from_pretrained(checkpoint, dtype=dtype, exact=True)
+    ids, mask = padded_batch(holes=holes)
+    assert int(mask.sum()) >= EXACT_MIN_ROWS
+    keep = mask.bool()
+    packed, padded = encode(model, ids, mask, pack=True), encode(model, ids, mask, pack=False)
+    assert torch.equal(packed[keep], padded[keep])
+
+
+def test_exact_mode_packed_encoder_equals_transformers_at_real_positions(checkpoint):
+    ids, mask = padded_batch()
+    hf = BartForConditionalGeneration.from_pretrained(checkpoint).eval()
+    with torch.inference_mode():
+        expected = hf.model.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = Bart.from_pretrained(checkpoint, exact=True).encode(ids, mask)
+    keep = mask.bool()
+    assert torch.equal(got[keep], expected[keep])
+
+
+def test_exact_mode_keeps_the_padded_rectangle_for_tiny_batches():
+    mask = torch.tensor([[1, 0], [1, 1]])
+    assert Packing.for_mode(mask, 2, 2, exact=True, device=torch.device("cpu")).index is None
+    assert Packing.for_mode(mask, 2, 2, exact=False, device=torch.device("cpu")).tokens == 3
+
+
+def test_default_mode_skips_padding_and_stays_close(checkpoint):
+    model = Bart.from_pretrained(checkpoint)
+    ids, mask = padded_batch(holes=True)
+    keep = mask.bool()
+    got = encode(model, ids, mask, pack=True)
+    model.exact = True
+    reference = encode(model, ids, mask, pack=False)
+    torch.testing.assert_close(got[keep], reference[keep], atol=1e-4, rtol=1e-4)
+    # An input encoded alone (no padding at all) is what the default mode computes for it.
+    with torch.inference_mode():
+        model.exact = False
+        alone = model.encode(ids[1:2, : LENGTHS[1]], None)
+    torch.testing.assert_close(got[1, : LENGTHS[1]], alone[0], atol=1e-4, rtol=1e-4)

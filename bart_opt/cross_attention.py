@@ -66,7 +66,7 @@ class SharedCrossAttention:
         each layer's keys/values only when it runs (a single teacher-forced pass; such a state is
         used once and not shrunk)."""
         b, s, _ = memory.shape
-        skip = skips_padded_keys(False, memory.dtype)
+        skip = skips_padded_keys(memory.dtype)
         packing = Packing(attention_mask, b, s, pack=skip)
         packed = packing.pack(memory)  # (N, D)
         masks = [None if skip else packing.key_mask(i) for i in range(b)]  # (1, 1, 1, S) or None

@@ -3,20 +3,24 @@
 Attribute names follow the Hugging Face checkpoint keys (minus their `model.` prefix), so
 `loading.py` needs no renaming table. What differs from transformers' modeling code:
 
-* attention runs through fused `scaled_dot_product_attention`; weights are never materialized;
-* the encoder padding mask stays a `(B, 1, 1, S)` bool mask and the decoder's causal mask is
-  implicit (`is_causal`), never a combined `(B, 1, T, S)` float mask;
+* attention runs through fused `scaled_dot_product_attention`; weights are never materialized,
+  and the decoder's causal mask is implicit (`is_causal`);
+* the encoder's linear layers run on the real tokens only, packed (`bart_opt.packing`), and
+  Q/K/V (cross-attention K/V) are one product over weights stored once (`Attention.fuse`);
 * cross-attention keys/values exist once per input and the beams of one input are folded into
   the query-length axis, so nothing of the encoder side is copied per beam
-  (`bart_opt/cross_attention.py`);
-* logits come from the shared embedding (no lm_head weight) with `final_logits_bias` added in
-  place, and during generation only for the last position;
+  (`bart_opt.cross_attention`);
+* logits come from the shared embedding (no lm_head weight), during generation only for the
+  last position;
 * the feed-forward block runs in row chunks, so its 4x-wide activation never exists for a whole
-  long batch at once.
+  long batch at once;
+* in float32 on a CPU the default mode's products run through oneDNN (`bart_opt.kernels`), and
+  its attention leaves padded keys out instead of masking them.
 
 `exact=True` keeps what leaves the arithmetic alone and gives every kernel the inputs
-transformers gives it instead: a materialized `(B, 1, S, S)` encoder mask, per-beam cross-attention
-keys/values (one layer at a time), un-chunked feed-forward blocks.
+transformers gives it instead: MKL's products (on packed rows: a row rounds alike at every row
+count from 17 up), padded attention rectangles with a materialized `(B, 1, S, S)` encoder mask,
+per-beam cross-attention keys/values (one layer at a time), un-chunked feed-forward blocks.
 """
 
 from __future__ import annotations
@@ -54,7 +58,7 @@ class Attention(nn.Module):
     their weights as row blocks of one concatenated tensor (`fused_weight`, `fused_bias`), so they
     run as one matrix product without a second copy of the weights. Each output column is the same
     dot product either way: on a CPU the fused product is bit-identical to separate ones (measured
-    with MKL at 1 to 12,288 rows; `tests/bart_opt/test_model.py` checks it).
+    with MKL at 1 to 12,288 rows; `tests/bart_opt/test_kernels.py` checks it).
     """
 
     exact = False  # set by `Bart.exact`
@@ -125,7 +129,7 @@ class Attention(nn.Module):
             q, k, v = (self.split(packing.unpack(t)) for t in (q, k, v))  # (B, H, S, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.square_mask(), scale=self.scaling)
             return self.out_proj(packing.pack(self.merge(out)))  # (N, D)
-        skip = skips_padded_keys(self.exact, x.dtype)
+        skip = skips_padded_keys(x.dtype)
         if not skip:
             k, v = packing.unpack(k), packing.unpack(v)  # (B, S, D)
         out = torch.empty_like(x)  # (N, D)

@@ -30,15 +30,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bart_opt.bench import SIZES
 from bart_opt.processors import process_scores
 
 SHAPES = {
     # The measurement shape: 3+3 layers, 8 heads of 32.
     "d256": {"d_model": 256, "encoder_layers": 3, "decoder_layers": 3, "encoder_attention_heads": 8,
              "decoder_attention_heads": 8, "ffn_dim": 1024, "vocab_size": 8000, "max_position_embeddings": 256},
-    # facebook/bart-base
-    "base": {"d_model": 768, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 12,
-             "decoder_attention_heads": 12, "ffn_dim": 3072, "vocab_size": 50265, "max_position_embeddings": 1024},
+    "base": SIZES["base"],  # facebook/bart-base
     # For the CI self-check: seconds, not minutes.
     "small": {"d_model": 256, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 8,
               "decoder_attention_heads": 8, "ffn_dim": 512, "vocab_size": 2000, "max_position_embeddings": 256},

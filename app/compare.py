@@ -3,7 +3,8 @@
 Each job becomes a `bart_opt.compare.Run` named by its id, with its model, dataset, generation
 settings and its own ROUGE intervals as ``info``; the first job is the baseline. Only succeeded
 jobs are compared (a running or cancelled job has a partial set of examples). The comparison is
-CPU work proportional to examples x resamples; its caps (`MAX_JOBS`, `MAX_RESAMPLES`) bound it.
+CPU work proportional to examples x resamples, and it holds the jobs' rows in memory; its caps
+(`MAX_JOBS`, `MAX_RESAMPLES`, the `max_compare_examples` setting) bound both.
 
 Its methods block (SQLite reads, resampling); the route calls them off the event loop.
 """
@@ -64,5 +65,10 @@ class CompareService:
             raise ApiError(409, "job_not_finished",
                            f"job {job_id} is {view['status']}; only succeeded jobs can be compared",
                            field="jobs")  # fmt: skip
+        limit = self.jobs.settings.max_compare_examples
+        if view["progress"]["total"] > limit:
+            raise InvalidRequest("jobs", (
+                f"job {job_id} has {view['progress']['total']:,} examples; the service compares jobs of up to "
+                f"{limit:,} (BART_OPT_MAX_COMPARE_EXAMPLES): download their predictions and run bart-opt compare"))
         info = {key: view.get(key) for key in _INFO_KEYS}
         return Run(name=job_id, rows=self.jobs.prediction_rows(job_id), info=info)

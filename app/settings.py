@@ -68,6 +68,10 @@ class Settings(BaseSettings):
         description="Hub datasets evaluation jobs may stream, comma-separated ids; '*' allows any id, '' none.",
     )
     max_job_records: int = Field(1_000_000, ge=1, description="Most records one evaluation job may hold.")
+    max_compare_examples: int = Field(
+        100_000, ge=1, description="Most examples a job may have to be compared by GET /compare (its rows are held "
+        "in memory while it runs; bart-opt compare on downloaded predictions has no such cap).",
+    )
     max_record_chars: int = Field(
         200_000, ge=1, description="Longest text or reference of a job's record; a longer record fails, the job goes on."
     )

@@ -74,6 +74,20 @@ def test_compare_refuses_a_job_that_is_still_running(make_jobs_app, write_jsonl)
     assert f"job {running['id']} is running" in response.json()["error"]["message"]
 
 
+def test_compare_refuses_jobs_over_the_example_cap_before_reading_their_rows(make_jobs_app, write_jsonl,
+                                                                           monkeypatch):
+    write_jsonl("a.jsonl", cnn_rows(3, seed=4))
+    with serving(make_jobs_app(max_compare_examples=2)) as client:
+        one, two = run_job(client, "a.jsonl"), run_job(client, "a.jsonl", num_beams=2)
+        read = []
+        jobs = client.app.state.jobs
+        monkeypatch.setattr(jobs, "prediction_rows", lambda job_id: read.append(job_id) or [])
+        response = client.get("/compare", params={"jobs": f"{one['id']},{two['id']}"})
+    assert response.status_code == 422 and response.json()["error"]["field"] == "jobs"
+    assert f"job {one['id']} has 3 examples" in response.json()["error"]["message"]
+    assert "BART_OPT_MAX_COMPARE_EXAMPLES" in response.json()["error"]["message"] and read == []
+
+
 def test_an_example_comes_with_its_article_and_its_prediction(make_jobs_app, write_jsonl):
     path = write_jsonl("a.jsonl", cnn_rows(3, seed=6))
     with serving(make_jobs_app()) as client:

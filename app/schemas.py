@@ -112,6 +112,15 @@ class PhaseReport(BaseModel):
     peak_bytes: int
 
 
+class MemoryRow(BaseModel):
+    """One reading of the model call's memory log (one per decoder step): seconds since the call
+    began, device memory now and its peak since the previous reading, both above the call's start."""
+
+    t: float
+    mem_bytes: int
+    peak_bytes: int
+
+
 class BatchInfo(BaseModel):
     """The shared model call this request rode in (whole-call numbers, not shares)."""
 
@@ -135,6 +144,10 @@ class MemoryReport(BaseModel):
     rss_bytes: int
     seconds: float
     phases: list[PhaseReport]
+    rows: list[MemoryRow] = Field(
+        default_factory=list, description="The whole call's readings, one per decoder step (at most 256, evenly "
+        "thinned; not scaled to the request's share).",
+    )
     peak_source: str
     share: float
     batch: BatchInfo

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import math
 import os
 import resource
 import threading
@@ -51,6 +52,7 @@ __all__ = [
 
 ROW_FIELDS = ("msg", "t", "cpu_mem_bytes", "mem_bytes", "mem_peak_bytes")
 _PRINTED_ROWS = 20  # printing a log shows this many rows from each end
+MAX_REPORT_ROWS = 256  # rows a `MemoryLog.report` carries at most (evenly thinned beyond)
 
 
 class LiveTensorCounter(TorchDispatchMode):
@@ -422,11 +424,13 @@ class MemoryLog:
         """Per-call report: device memory peak and change above the start, RSS, seconds, phases.
 
         ``{"device", "peak_bytes", "change_bytes", "rss_bytes", "seconds", "phases",
-        "peak_source"}``. ``peak_bytes`` is what the logged work needed on top of
+        "rows", "peak_source"}``. ``peak_bytes`` is what the logged work needed on top of
         what was allocated when the log started; ``rss_bytes`` is the process RSS
         at the last reading. ``phases`` aggregates phases by name, in order of first
         appearance: ``{"name", "count", "seconds" (total), "peak_bytes" (max, above
-        the start)}``.
+        the start)}``. ``rows`` are the `log_mem` readings (`Bart` logs one per decoder
+        step) as ``{"t", "mem_bytes", "peak_bytes"}`` above the start, evenly thinned to at
+        most `MAX_REPORT_ROWS` so that a report stays small whatever the call's length.
         """
         self._refresh()
         t, mem, rss = self._last
@@ -444,8 +448,15 @@ class MemoryLog:
             "rss_bytes": rss,
             "seconds": t,
             "phases": list(by_name.values()),
+            "rows": self._report_rows(),
             "peak_source": self.peak_source,
         }
+
+    def _report_rows(self) -> list[dict]:
+        """The rows for `report`: every k-th, k chosen to keep at most `MAX_REPORT_ROWS`."""
+        stride = max(1, math.ceil(len(self._rows) / MAX_REPORT_ROWS))
+        return [{"t": row["t"], "mem_bytes": row["mem_bytes"] - self._start_mem,
+                 "peak_bytes": row["mem_peak_bytes"] - self._start_mem} for row in self._rows[::stride]]
 
     def to_csv(self, path: str | Path) -> Path:
         """Write the rows as CSV with the header ``msg,t,cpu_mem_bytes,mem_bytes,mem_peak_bytes``."""

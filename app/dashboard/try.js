@@ -1,8 +1,9 @@
 // Try the model: texts (and optional references) and generation options in, POST /summarize out:
-// the summaries, ROUGE, and the request's memory and timing phases as small charts.
+// the summaries, ROUGE, the request's memory and timing phases, and memory and time at each decoder step,
+// as small charts.
 
 import { api } from "./api.js";
-import { bars } from "./charts.js";
+import { bars, lineChart } from "./charts.js";
 import { clearErrors, field, generationFieldset, showError } from "./forms.js";
 import { ROUGE_NAMES, ROUGE_TYPES, fmt, fmtBytes, fmtSeconds, h, notice, replace, rougeSummary } from "./dom.js";
 
@@ -44,7 +45,19 @@ function answer(response) {
         { caption: "Seconds per phase", format: fmtSeconds }),
       bars(phases.map((p) => ({ label: p.name, value: p.peak_bytes })), { caption: "Memory peak per phase", format: fmtBytes }),
       bars(Object.entries(timing).map(([name, value]) => ({ label: name, value })), { caption: "Request timing", format: fmtSeconds })),
+    stepCharts(memory.rows || []),
     h("p", { class: "muted small" }, `Model ${response.model}, request ${response.request_id}.`));
+}
+
+/** Memory and seconds at each decoder step of the call (the memory log's readings), or nothing. */
+function stepCharts(rows) {
+  if (rows.length < 2) return null;
+  const steps = rows.map((row, i) => ({ x: i + 1, row, dt: i ? row.t - rows[i - 1].t : row.t }));
+  return h("div", { class: "charts", id: "try-steps" },
+    lineChart(steps.map((p) => ({ x: p.x, y: p.row.mem_bytes })), { caption: "Memory at each decoder step (whole call)",
+      xLabel: "step", yLabel: "memory", yFormat: fmtBytes }),
+    lineChart(steps.map((p) => ({ x: p.x, y: p.dt })), { caption: "Seconds per decoder step", xLabel: "step",
+      yLabel: "seconds", yFormat: fmtSeconds }));
 }
 
 /** Render the try-it page into `main`. */

@@ -10,7 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from bart_opt.memory import LiveTensorCounter, LoggingMixin, MemoryLog, format_bytes, measure, rss_bytes
+from bart_opt.memory import (
+    MAX_REPORT_ROWS, LiveTensorCounter, LoggingMixin, MemoryLog, format_bytes, measure, rss_bytes,
+)
 
 MB = 2**20
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -171,13 +173,33 @@ def test_report_shape_and_reset():
         x = _bytes(MB)
         log.log_mem("x")
         report = log.report()
-        assert set(report) == {"device", "peak_bytes", "change_bytes", "rss_bytes", "seconds", "phases", "peak_source"}
+        assert set(report) == {"device", "peak_bytes", "change_bytes", "rss_bytes", "seconds", "phases", "rows",
+                               "peak_source"}
         assert report["rss_bytes"] == pytest.approx(rss_bytes(), rel=0.5)
         log.reset()
         assert log.rows() == [] and log.phases() == []
         y = _bytes(2 * MB)
         assert log.report()["peak_bytes"] == 2 * MB  # relative to the reset, where x was already held
     del x, y
+
+
+def test_report_rows_are_the_readings_above_the_start_thinned_to_a_bound():
+    held = _bytes(MB)
+    with measure("cpu") as log:
+        for i in range(3):
+            step = _bytes((i + 1) * MB)
+            log.log_mem(f"step {i}")
+            del step
+        rows = log.report()["rows"]
+        assert [row["mem_bytes"] for row in rows] == [MB, 2 * MB, 3 * MB]  # held before the start: not counted
+        assert [row["peak_bytes"] for row in rows] == [MB, 2 * MB, 3 * MB]
+        assert rows == sorted(rows, key=lambda row: row["t"])
+        for i in range(3 * MAX_REPORT_ROWS):
+            log.log_mem(f"more {i}")
+        thinned = log.report()["rows"]
+        assert MAX_REPORT_ROWS // 2 <= len(thinned) <= MAX_REPORT_ROWS
+        assert thinned[0] == rows[0]
+    del held
 
 
 def test_count_cpu_tensors_off_gives_time_and_rss_only():

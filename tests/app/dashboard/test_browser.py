@@ -111,8 +111,13 @@ def test_try_it_returns_the_summaries_of_the_api(site, page):
     api = site.client.post("/summarize", json={"texts": texts, "references": ["The council voted.", ""],
                                                "generation": FAST}).json()  # fmt: skip
     assert page.locator("#try-result .summary").all_text_contents() == api["summaries"]
-    assert page.locator("#try-result figure").count() == 3  # phase seconds, phase peaks, request timing
+    # Phase seconds, phase peaks, request timing; then memory and seconds at each decoder step.
+    assert page.locator("#try-result figure").count() == 5
     assert page.locator("#try-result figure").first.locator("rect").count() == len(api["memory"]["phases"])
+    steps = api["memory"]["rows"]
+    assert len(steps) >= 2 and all(row["mem_bytes"] >= 0 for row in steps)
+    line = page.locator("#try-steps figure").first.locator("polyline").get_attribute("points")
+    assert len(line.split()) == len(steps)  # one point per decoder step
 
     page.locator("#try-num_beams").fill("99")
     page.get_by_role("button", name="Summarize").click()

@@ -24,8 +24,9 @@ _INFO_KEYS = ("model", "dataset", "generation", "rouge", "created_at")
 class CompareService:
     """Compares evaluation jobs of `jobs` (see the module docstring)."""
 
-    def __init__(self, jobs: JobService) -> None:
+    def __init__(self, jobs: JobService, max_examples: int) -> None:
         self.jobs = jobs
+        self.max_examples = max_examples  # per job: the `max_compare_examples` setting
 
     def compare(
         self,
@@ -65,7 +66,7 @@ class CompareService:
             raise ApiError(409, "job_not_finished",
                            f"job {job_id} is {view['status']}; only succeeded jobs can be compared",
                            field="jobs")  # fmt: skip
-        limit = self.jobs.settings.max_compare_examples
+        limit = self.max_examples
         if view["progress"]["total"] > limit:
             raise InvalidRequest("jobs", (
                 f"job {job_id} has {view['progress']['total']:,} examples; the service compares jobs of up to "

@@ -32,6 +32,6 @@ async def compare(
     """ROUGE of each job over the examples scored in all, and each job against the first: per-type
     delta, its 95% bootstrap interval, paired-bootstrap and approximate-randomization p-values,
     and the examples it won and lost most, with their texts (`bart_opt.compare` has the method)."""
-    service = CompareService(request.app.state.jobs)
+    service = CompareService(request.app.state.jobs, request.app.state.settings.max_compare_examples)
     ids = [job_id.strip() for job_id in jobs.split(",") if job_id.strip()]
     return await run_in_threadpool(service.compare, ids, metric=metric, resamples=resamples, seed=seed, top=top)

@@ -26,9 +26,10 @@ class Jobs:
         return self.jobs[job_id][1]
 
 
-def view(status: str = "succeeded", **extra) -> dict:
+def view(status: str = "succeeded", total: int = 8, **extra) -> dict:
     return {"status": status, "model": "demo", "dataset": {"file": "a.jsonl"}, "generation": {"num_beams": 1},
-            "rouge": None, "created_at": "2026-01-01T00:00:00.000+00:00", **extra}  # fmt: skip
+            "rouge": None, "created_at": "2026-01-01T00:00:00.000+00:00", "progress": {"total": total},
+            **extra}  # fmt: skip
 
 
 @pytest.fixture
@@ -37,7 +38,8 @@ def service() -> CompareService:
     b = [row(f"d{i}", s) for i, s in enumerate(scores(8, seed=2))]
     other = [row(f"x{i}", s) for i, s in enumerate(scores(8, seed=3))]
     return CompareService(Jobs({"a": (view(), a), "b": (view(generation={"num_beams": 4}), b),
-                                "other": (view(), other), "busy": (view("running"), a[:3])}))  # fmt: skip
+                                "other": (view(), other), "busy": (view("running"), a[:3]),
+                                "big": (view(total=9), a)}), max_examples=8)  # fmt: skip
 
 
 def test_the_comparison_is_the_library_one_with_the_jobs_settings(service):
@@ -57,6 +59,7 @@ def test_the_comparison_is_the_library_one_with_the_jobs_settings(service):
         (["a", "b"], {"metric": "bleu"}, "metric", "must be one of rouge1"),
         (["a", "b"], {"resamples": 10_001}, "resamples", "from 1 to 10000"),
         (["a", "b"], {"top": 101}, "top", "must be an integer from 0 to 100"),
+        (["a", "big"], {}, "jobs", "job big has 9 examples; the service compares jobs of up to 8"),
     ],
 )  # fmt: skip
 def test_caller_mistakes_name_their_field(service, ids, kwargs, field, message):

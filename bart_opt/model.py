@@ -327,8 +327,9 @@ class Bart(LoggingMixin, nn.Module):
         and batch. It costs a per-beam copy of one layer's cross-attention keys/values per
         call, un-chunked feed-forward blocks, and finished inputs staying in the working batch.
         The default shares cross-attention keys/values across beams and drops finished inputs:
-        less memory and time, the same ids on most inputs, near-ties resolved differently on
-        some (mostly in half precision; `python -m bart_opt.bench_fidelity` measures how often).
+        less memory and time, the same ids or near-ties resolved differently (rarely on peaked
+        distributions in float32, often in half precision or on flat ones; `python -m
+        bart_opt.bench_fidelity` measures how often).
         """
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
         model.exact = exact

@@ -227,16 +227,22 @@ def scale_table(runs: list[dict], watch: float) -> str:
     return "\n".join(rows)
 
 
+def _workspace(root: Path, args: argparse.Namespace) -> tuple[str, Path]:
+    """The model to run (`--model`, else a random demo checkpoint written under `root`) and an empty data dir."""
+    model = args.model
+    if model is None:
+        from bart_opt.demo import build_checkpoint
+
+        model = str(build_checkpoint(root / "model"))
+    data_dir = root / "data"
+    data_dir.mkdir()
+    return model, data_dir
+
+
 def main_scale(args: argparse.Namespace, generation: dict) -> int:
     with tempfile.TemporaryDirectory(prefix="bench_jobs_scale_") as tmp:
         root = Path(tmp)
-        model = args.model
-        if model is None:
-            from bart_opt.demo import build_checkpoint
-
-            model = str(build_checkpoint(root / "model"))
-        data_dir = root / "data"
-        data_dir.mkdir()
+        model, data_dir = _workspace(root, args)
         runs = []
         for n in (args.baseline_n, args.scale_n):
             name = f"cnn-{n}.jsonl"
@@ -282,13 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         return main_scale(args, generation)
     with tempfile.TemporaryDirectory(prefix="bench_jobs_") as tmp:
         root = Path(tmp)
-        model = args.model
-        if model is None:
-            from bart_opt.demo import build_checkpoint
-
-            model = str(build_checkpoint(root / "model"))
-        data_dir = root / "data"
-        data_dir.mkdir()
+        model, data_dir = _workspace(root, args)
         write_records(data_dir / "cnn.jsonl", model, args.n, args.median_tokens, args.sigma, args.seed)
         runs: dict[str, list[dict]] = {"cli": [], "service": []}
         for repeat in range(args.repeats):

@@ -58,19 +58,19 @@ def main(argv: list[str] | None = None) -> int:
         data = args.data or str(write_sample_records(Path(tmp) / "records.jsonl", n=args.records))
         records = load_records(file=data, limit=args.records)
         summarizer = Summarizer.from_pretrained(model, device="cpu")  # as bart-opt evaluate loads it
-        best = {"serial": (float("inf"), 0.0), "evaluate": (float("inf"), 0.0)}
+        runs: dict[str, list[tuple[float, float]]] = {"serial": [], "evaluate": []}
         for repeat in range(args.repeats):
-            for name in best:
-                wall, model_s = (serial(summarizer, records) if name == "serial"
-                                 else evaluate(summarizer, records, Path(tmp) / f"run-{repeat}"))
+            runs["serial"].append(serial(summarizer, records))
+            runs["evaluate"].append(evaluate(summarizer, records, Path(tmp) / f"run-{repeat}"))
+            for name, timings in runs.items():
+                wall, model_s = timings[-1]
                 print(f"repeat {repeat} {name:8s} wall {wall:7.2f} s  model {model_s:7.2f} s  "
                       f"ratio {wall / model_s:.3f}x", flush=True)
-                if wall / model_s < best[name][0] / max(best[name][1], 1e-9):
-                    best[name] = (wall, model_s)
     print(f"\n{len(records)} records, {torch.get_num_threads()} threads, best ratio of {args.repeats}:\n")
     print("| path | wall s | inside model calls s | wall / model |")
     print("|---|---:|---:|---:|")
-    for name, (wall, model_s) in best.items():
+    for name, timings in runs.items():
+        wall, model_s = min(timings, key=lambda timing: timing[0] / timing[1])
         print(f"| {name} | {wall:.2f} | {model_s:.2f} | {wall / model_s:.3f}x |")
     return 0
 

@@ -152,7 +152,7 @@ def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Generati
     keep_k = max(2, 1 + n_eos) * nb
     top_mask = torch.arange(keep_k, device=log_probs.device) < nb  # (K,)
 
-    scores = (log_probs.view(a, nb, vocab) + st.running_scores[:, :, None]).view(a, nb * vocab)
+    scores = log_probs.view(a, nb, vocab).add_(st.running_scores[:, :, None]).view(a, nb * vocab)  # in place
     topk_scores, topk_index = torch.topk(scores, k=keep_k)  # (A, K)
     parent = topk_index // vocab  # (A, K)
     tokens = topk_index % vocab  # (A, K)

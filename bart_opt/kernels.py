@@ -1,14 +1,18 @@
 """The matrix-product kernel behind every projection, chosen per mode.
 
-transformers' BART runs its float32 projections through `F.linear`, which on a CPU is MKL's
-GEMM; exact mode must use the same kernel to round the same way. The default mode may round
+transformers' BART runs its projections through `F.linear`, which on a CPU is MKL's GEMM in
+float32; exact mode must use the same kernel to round the same way. The default mode may round
 differently in the last bits, and on a CPU in float32 oneDNN's inner product is faster on the
 same plain weights: measured on this 2-core CPU, one thread, decoder-step shapes (48 rows)
 1.1-1.2x for the layers' projections and 1.9x for the 50k-wide vocabulary projection. It reads
 the weights as they are stored (no prepacked copy, so no memory beside the weights); a
 prepacked copy would be 10-20% faster again at the price of a second copy of every weight.
-bfloat16 `F.linear` already runs through oneDNN on a CPU, and CUDA has its own GEMMs, so both
-keep `F.linear`.
+
+In bfloat16, `F.linear` already reaches oneDNN (through its matmul), and calling oneDNN's inner
+product directly gives the same bits at every shape measured (1 to 2,048 rows, with and without
+a bias) for less overhead: 1.07x at the decoder step's (48, 768) x (768, 3072), 1.15x at
+(48, 768) x (768, 768), 1.07x at the encoder's (2048, 768) x (768, 3072). The default mode takes
+it in both dtypes. float16 and CUDA keep `F.linear`.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from torch import nn
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def uses_onednn(x: torch.Tensor) -> bool:
-    """Whether `linear(x, ..., fast=True)` takes oneDNN's kernel: float32 on a CPU with oneDNN."""
-    return ONEDNN and x.dtype == torch.float32 and x.device.type == "cpu"
+    """Whether `linear(x, ..., fast=True)` takes oneDNN's kernel: float32 or bfloat16 on a CPU with oneDNN."""
+    return ONEDNN and x.dtype in ONEDNN_DTYPES and x.device.type == "cpu"
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fast: bool) -> torch.Tensor:

@@ -7,7 +7,8 @@ import torch
 
 
 def ban_repeated_ngrams(seqs: torch.Tensor, scores: torch.Tensor, n: int) -> torch.Tensor:
-    """Forbid tokens that would complete an n-gram already present in `seqs` (N, T); scores (N, V)."""
+    """Forbid tokens that would complete an n-gram already present in `seqs` (N, T); scores (N, V),
+    changed in place."""
     cur_len = seqs.shape[1]
     if cur_len < n:
         return scores
@@ -18,7 +19,7 @@ def ban_repeated_ngrams(seqs: torch.Tensor, scores: torch.Tensor, n: int) -> tor
     banned = torch.zeros((scores.shape[0], vocab + 1), dtype=torch.bool, device=scores.device)  # spare column
     target = torch.where(matches, windows[..., -1].clamp(max=vocab), vocab)  # (N, W)
     banned.scatter_(1, target, True)
-    return scores.masked_fill(banned[:, :vocab], -float("inf"))
+    return scores.masked_fill_(banned[:, :vocab], -float("inf"))
 
 
 def force_token(scores: torch.Tensor, token_ids) -> torch.Tensor:
@@ -29,12 +30,15 @@ def force_token(scores: torch.Tensor, token_ids) -> torch.Tensor:
 
 
 def process_scores(seqs: torch.Tensor, scores: torch.Tensor, s) -> torch.Tensor:
-    """Apply the processors `s` (a `GenerationSpec`) asks for to next-token scores (N, V)."""
+    """Apply the processors `s` (a `GenerationSpec`) asks for to next-token scores (N, V).
+
+    `scores` is changed in place where a processor only masks entries (the caller passes scores it
+    owns): at the CNN settings a (48, 50,265) float32 copy per processor and step is a fresh 9.6 MB
+    allocation, paid in page faults, for the same numbers."""
     cur_len = seqs.shape[1]
     if s.no_repeat_ngram_size > 0:
         scores = ban_repeated_ngrams(seqs, scores, s.no_repeat_ngram_size)
     if s.eos_token_id is not None and s.min_length > 0 and cur_len < s.min_length:
-        scores = scores.clone()
         scores[:, list(s.eos_token_id)] = -float("inf")
     if s.forced_bos_token_id is not None and cur_len == 1:
         scores = force_token(scores, s.forced_bos_token_id)

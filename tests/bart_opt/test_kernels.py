@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import bart_opt.model as model_module
 from bart_opt import Bart
 from bart_opt.bench_fidelity import SHAPES
-from bart_opt.kernels import ONEDNN, linear
+from bart_opt.kernels import ONEDNN, linear, uses_onednn
 
 
 @pytest.fixture(scope="module")
@@ -59,14 +59,26 @@ def test_loading_a_state_dict_fuses_the_projections_again(checkpoint):
 
 
 @pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
-def test_fast_linear_is_onednn_in_float32_only_and_close_to_f_linear():
+def test_fast_linear_is_onednn_in_float32_and_bfloat16_and_close_to_f_linear():
     x, w, b = torch.randn(5, 48, 256), torch.randn(512, 256), torch.randn(512)
+    assert uses_onednn(x) and uses_onednn(x.bfloat16()) and not uses_onednn(x.half())
     with torch.inference_mode():
         fast, plain = linear(x, w, b, fast=True), linear(x, w, b, fast=False)
         torch.testing.assert_close(fast, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
         assert torch.equal(plain, F.linear(x, w, b))
-        half = x.bfloat16(), w.bfloat16(), b.bfloat16()
-        assert torch.equal(linear(*half, fast=True), F.linear(*half))
+        for rows in (1, 7, 48, 300):  # bfloat16: oneDNN's inner product gives F.linear's bits
+            half = x[0, :rows].bfloat16(), w.bfloat16(), b.bfloat16()
+            assert torch.equal(linear(*half, fast=True), F.linear(*half))
+            assert torch.equal(linear(*half[:2], None, fast=True), F.linear(*half[:2]))
+
+
+def test_default_bfloat16_logits_add_the_bias_after_the_product_as_transformers(checkpoint):
+    model = Bart.from_pretrained(checkpoint, dtype=torch.bfloat16)
+    with torch.no_grad():
+        model.final_logits_bias.normal_()
+    hidden = torch.randn(48, model.config.d_model, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        assert torch.equal(model.logits(hidden), F.linear(hidden, model.shared.weight) + model.final_logits_bias[0])
 
 
 @pytest.mark.parametrize("rows", [1, 3, 48])

@@ -1,0 +1,37 @@
+"""Score processors: transformers' numbers, computed in place on the caller's scores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import MinLengthLogitsProcessor, NoRepeatNGramLogitsProcessor
+
+from bart_opt.processors import process_scores
+from bart_opt.spec import GenerationSpec
+
+
+def spec(**overrides) -> GenerationSpec:
+    values = dict(num_beams=4, max_length=40, min_length=12, length_penalty=2.0, no_repeat_ngram_size=3,
+                  early_stopping=True, forced_bos_token_id=None, forced_eos_token_id=None, decoder_start_token_id=2,
+                  eos_token_id=(2,), pad_token_id=1)
+    return GenerationSpec(**{**values, **overrides})
+
+
+@pytest.mark.parametrize("cur_len", [1, 3, 8, 20])
+def test_masking_processors_equal_transformers_and_work_in_place(cur_len):
+    gen = torch.Generator().manual_seed(cur_len)
+    seqs = torch.randint(3, 9, (6, cur_len), generator=gen)  # a small alphabet: many repeated 3-grams
+    scores = torch.log_softmax(torch.randn(6, 50, generator=gen), dim=-1)  # (N, V)
+    expected = NoRepeatNGramLogitsProcessor(3)(seqs, scores.clone())
+    expected = MinLengthLogitsProcessor(12, eos_token_id=2)(seqs, expected)
+    got = process_scores(seqs, scores, spec())
+    assert torch.equal(got, expected)
+    assert got.data_ptr() == scores.data_ptr(), "masked in place, no (N, V) copy"
+    if cur_len >= 8:
+        assert bool(torch.isinf(got[:, 3:]).any()), "the case bans some repeated 3-gram"
+
+
+def test_forced_tokens_still_replace_every_score():
+    scores = torch.zeros(2, 10)
+    got = process_scores(torch.full((2, 39), 5), scores, spec(forced_eos_token_id=(2,), no_repeat_ngram_size=0))
+    assert got[:, 2].eq(0).all() and torch.isinf(got[:, 3:]).all() and torch.isinf(got[:, :2]).all()

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import mmap
 import shutil
+import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from bart_opt import Bart
-from bart_opt.loading import CheckpointError, normalize_keys, resolve_checkpoint
+import bart_opt.loading as loading
+from bart_opt.loading import CheckpointError, normalize_keys, release_pages, resolve_checkpoint
+from bart_opt.memory import rss_bytes
 from tests.bart_opt.reference import batch
 
 
@@ -85,3 +89,33 @@ def test_cuda_generate_matches_cpu(demo_checkpoint):
     cpu = Bart.from_pretrained(demo_checkpoint).generate(ids, mask)
     gpu = Bart.from_pretrained(demo_checkpoint, device="cuda").generate(ids.cuda(), mask.cuda())
     assert torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("safe", [True, False])
+def test_only_the_tensors_fusion_copied_are_released(make_checkpoint, monkeypatch, dtype, safe):
+    released = []
+    monkeypatch.setattr(loading, "release_pages", released.extend)
+    model = Bart.from_pretrained(make_checkpoint(init_std=0.2, seed=7, safe_serialization=safe), dtype=dtype)
+    cfg = model.config
+    assert len(released) == 2 * (3 * cfg.encoder_layers + 3 * cfg.decoder_layers + 2 * cfg.decoder_layers)
+    live = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]}
+    assert not {t.untyped_storage().data_ptr() for t in released} & live
+    fused = [m.fused_weight for m in model.modules() if hasattr(m, "fused_weight")]
+    for t in released:  # each one is a weight or bias that now lives on as a block of a fused tensor
+        assert t.dtype == dtype
+        if t.dim() == 2:
+            assert any(torch.equal(t, f[i : i + t.shape[0]]) for f in fused for i in range(0, f.shape[0], t.shape[0]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the RSS from /proc")
+def test_released_pages_of_a_mapped_checkpoint_leave_the_resident_set(tmp_path):
+    path = tmp_path / "big.safetensors"
+    save_file({"a": torch.ones(16 * 2**20), "b": torch.full((3,), 2.0)}, str(path))  # 64 MiB, then 12 bytes
+    tensors = load_file(str(path))
+    assert float(tensors["a"].sum()) == 16 * 2**20  # every page read: resident
+    before = rss_bytes()
+    release_pages([tensors["a"]])
+    assert before - rss_bytes() > 60 * 2**20
+    assert float(tensors["a"][:: mmap.PAGESIZE // 4].sum()) == 16 * 2**20 // (mmap.PAGESIZE // 4)  # a file page
+    assert tensors["b"].tolist() == [2.0, 2.0, 2.0], "the neighbour's page is kept"

@@ -8,11 +8,12 @@ same plain weights: measured on this 2-core CPU, one thread, decoder-step shapes
 the weights as they are stored (no prepacked copy, so no memory beside the weights); a
 prepacked copy would be 10-20% faster again at the price of a second copy of every weight.
 
-In bfloat16, `F.linear` already reaches oneDNN (through its matmul), and calling oneDNN's inner
-product directly gives the same bits at every shape measured (1 to 2,048 rows, with and without
-a bias) for less overhead: 1.07x at the decoder step's (48, 768) x (768, 3072), 1.15x at
-(48, 768) x (768, 768), 1.07x at the encoder's (2048, 768) x (768, 3072). The default mode takes
-it in both dtypes. float16 and CUDA keep `F.linear`.
+In bfloat16 on a CPU with oneDNN's bfloat16 kernels (AVX-512), `F.linear` already reaches oneDNN
+(through its matmul), and calling oneDNN's inner product directly gives the same bits at every
+shape measured (1 to 2,048 rows, with and without a bias) for less overhead: 1.07x at the decoder
+step's (48, 768) x (768, 3072), 1.15x at (48, 768) x (768, 768), 1.07x at the encoder's
+(2048, 768) x (768, 3072). The default mode takes it in both dtypes where the CPU allows. float16,
+bfloat16 without those kernels, and CUDA keep `F.linear`.
 """
 
 from __future__ import annotations
@@ -22,13 +23,15 @@ import torch.nn.functional as F
 from torch import nn
 
 ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-
-
-ONEDNN_DTYPES = (torch.float32, torch.bfloat16)
+# oneDNN builds a bfloat16 inner product only on CPUs with AVX-512 (or AVX-NE-CONVERT); elsewhere
+# `F.linear` has a kernel of its own and the direct call would fail.
+ONEDNN_DTYPES = (torch.float32, torch.bfloat16) if ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported() else (
+    torch.float32,)
 
 
 def uses_onednn(x: torch.Tensor) -> bool:
-    """Whether `linear(x, ..., fast=True)` takes oneDNN's kernel: float32 or bfloat16 on a CPU with oneDNN."""
+    """Whether `linear(x, ..., fast=True)` takes oneDNN's kernel: float32, and bfloat16 where the CPU
+    has oneDNN's bfloat16 kernels, on a CPU with oneDNN."""
     return ONEDNN and x.dtype in ONEDNN_DTYPES and x.device.type == "cpu"
 
 

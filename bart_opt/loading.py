@@ -122,25 +122,27 @@ def unused_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module) -> li
 
 
 def release_pages(tensors: list[torch.Tensor]) -> None:
-    """Tell the kernel this process no longer needs the memory pages lying wholly inside `tensors`.
+    """Tell the kernel this process no longer needs the memory pages lying wholly inside the storages of `tensors`.
 
     safetensors memory-maps the checkpoint: tensors the model uses as they are stay views of the
     file, so the mapping lives as long as the model, and the pages of every tensor read once
     (the separate Q/K/V weights, read to fuse them: 109 MiB at bart-base shape in float32) would
     stay in the process's resident memory with it. `madvise(MADV_DONTNEED)` drops them from this
     process (a file page stays in the page cache; an anonymous one, e.g. from `pytorch_model.bin`,
-    is simply freed early). Only whole pages inside a tensor are released, never a page it shares
-    with a neighbour. The caller guarantees nothing reads these tensors again. A no-op where the
+    is simply freed early). Only whole pages inside a storage are released, never a page it shares
+    with a neighbour. The caller guarantees nothing reads these storages again. A no-op where the
     platform has no `madvise`.
     """
     madvise = _libc_madvise()
     if madvise is None:
         return
     page = mmap.PAGESIZE
-    for tensor in tensors:
-        start = tensor.data_ptr()
-        first = -(-start // page) * page  # first page boundary inside the tensor
-        last = (start + tensor.nbytes) // page * page  # last page boundary inside it
+    # Whole storages, once each: a tensor's own span (data_ptr, nbytes) can reach past its memory
+    # (an expanded view of a 4-byte storage spans its full shape).
+    spans = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    for start, nbytes in spans.items():
+        first = -(-start // page) * page  # first page boundary inside the storage
+        last = (start + nbytes) // page * page  # last page boundary inside it
         if last > first:
             madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
 

@@ -119,3 +119,19 @@ def test_released_pages_of_a_mapped_checkpoint_leave_the_resident_set(tmp_path):
     assert before - rss_bytes() > 60 * 2**20
     assert float(tensors["a"][:: mmap.PAGESIZE // 4].sum()) == 16 * 2**20 // (mmap.PAGESIZE // 4)  # a file page
     assert tensors["b"].tolist() == [2.0, 2.0, 2.0], "the neighbour's page is kept"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux semantics: a released anonymous page reads as zeros")
+@pytest.mark.parametrize("view", ["whole", "expanded"])
+def test_release_never_touches_memory_outside_the_storage(view):
+    import numpy as np
+
+    page_floats = mmap.PAGESIZE // 4
+    arena = np.ones(64 * page_floats, dtype=np.float32)  # anonymous memory, neighbours on both sides
+    inner = torch.from_numpy(arena[100 : 60 * page_floats + 7])  # a storage whose ends are not page-aligned
+    tensor = inner if view == "whole" else inner[5:6].expand(10 * len(arena))  # spans far past its storage
+    release_pages([tensor])
+    start = inner.data_ptr() // 4 - arena.ctypes.data // 4  # == 100
+    first = -(-inner.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE // 4 - arena.ctypes.data // 4
+    assert arena[:start].min() == 1 and arena[60 * page_floats + 7 :].min() == 1, "outside the storage: kept"
+    assert arena[first : first + 50 * page_floats].max() == 0, "whole pages inside it: released"

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 from pathlib import Path
@@ -147,8 +148,9 @@ def release_pages(tensors: list[torch.Tensor]) -> None:
             madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
 
 
+@functools.cache
 def _libc_madvise():
-    """libc's `madvise`, or None (Windows, or a libc without it)."""
+    """libc's `madvise`, or None (Windows, or a libc without it); looked up once per process."""
     if not hasattr(mmap, "MADV_DONTNEED"):
         return None
     try:

@@ -19,7 +19,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from bart_opt.errors import InvalidRequest
 from bart_opt.inputs import check_inputs
@@ -206,12 +205,19 @@ def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancell
     result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
     settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
     cache = model.new_cache(batch * nb, s.max_length - 1)
+    # Every step's (A*nb, V) float32 scores land in buffers made once: a fresh 9.6 MB tensor per
+    # step (at the CNN settings) costs more in page faults than writing it (see `Bart.decode_step`).
+    vocab = model.config.vocab_size
+    log_probs_buffer = torch.empty(batch * nb, vocab, device=device)  # (B*nb, V)
+    logits_buffer = None if model.dtype == torch.float32 else torch.empty_like(log_probs_buffer)
     cur_len = 1
     while True:
         a = st.running.shape[0]
         tokens = st.running[:, :, cur_len - 1].reshape(a * nb, 1)  # (A*nb, 1)
-        logits = model.decode_step(tokens, cross, cache)  # (A*nb, V)
-        log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], F.log_softmax(logits, dim=-1), s)
+        into = None if logits_buffer is None else logits_buffer[: a * nb]
+        logits = model.decode_step(tokens, cross, cache, out=into)  # (A*nb, V)
+        log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: a * nb])
+        log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], log_probs, s)
         parents = _beam_step(st, log_probs, cur_len, s)
         rows = (torch.arange(a, device=device)[:, None] * nb + parents).flatten()  # (A*nb,)
         cache.reorder(rows)

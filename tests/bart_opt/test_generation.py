@@ -77,6 +77,38 @@ def test_finished_inputs_leave_the_working_batch(make_checkpoint, monkeypatch):
     assert torch.equal(got, reference_generate(path, ids, mask, num_beams=4, min_length=0))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_beam_search_widens_logits_into_one_buffer_for_the_whole_call(make_checkpoint, monkeypatch, dtype):
+    """Half-precision logits are widened into one float32 buffer reused by every step (rows leaving
+    the batch use its first rows), with the same ids as widening into fresh tensors; float32 logits
+    are used as they come."""
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    model = Bart.from_pretrained(path, dtype=dtype)
+    original = Bart.decode_step
+    buffers, results = [], []
+
+    def recording(self, tokens, cross, cache, out=None):
+        logits = original(self, tokens, cross, cache, out=out)
+        buffers.append(out)
+        results.append(logits)
+        return logits
+
+    monkeypatch.setattr(Bart, "decode_step", recording)
+    got = model.generate(ids, mask, num_beams=4, min_length=0)
+    rows = [r.shape[0] for r in results]
+    assert len(rows) > 2 and rows[-1] < rows[0], "inputs left the batch during the call"
+    assert all(r.dtype == torch.float32 for r in results)
+    if dtype == torch.float32:
+        assert buffers == [None] * len(rows)
+    else:
+        assert len({b.untyped_storage().data_ptr() for b in buffers}) == 1
+        assert all(r.data_ptr() == buffers[0].data_ptr() for r in results)
+
+    monkeypatch.setattr(Bart, "decode_step", lambda self, tokens, cross, cache, out=None: original(self, tokens, cross, cache))
+    assert torch.equal(got, model.generate(ids, mask, num_beams=4, min_length=0))
+
+
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_exact_mode_keeps_finished_inputs_in_the_batch(make_checkpoint, monkeypatch, num_beams):
     """As transformers does: a matrix product's rounding may depend on its row count."""

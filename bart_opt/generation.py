@@ -208,8 +208,8 @@ def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancell
     # Every step's (A*nb, V) float32 scores land in buffers made once: a fresh 9.6 MB tensor per
     # step (at the CNN settings) costs more in page faults than writing it (see `Bart.decode_step`).
     vocab = model.config.vocab_size
-    log_probs_buffer = torch.empty(batch * nb, vocab, device=device)  # (B*nb, V)
-    logits_buffer = None if model.dtype == torch.float32 else torch.empty_like(log_probs_buffer)
+    log_probs_buffer = torch.empty(batch * nb, vocab, dtype=torch.float32, device=device)  # (B*nb, V)
+    logits_buffer = None if model.dtype == torch.float32 else torch.empty_like(log_probs_buffer)  # (B*nb, V)
     cur_len = 1
     while True:
         a = st.running.shape[0]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bart_opt import Bart
+from bart_opt import Bart, generation
 from bart_opt.cache import KVCache
 from bart_opt.memory import LiveTensorCounter
 from tests.bart_opt.reference import batch, reference_model
@@ -85,8 +85,8 @@ def test_beam_search_widens_logits_into_one_buffer_for_the_whole_call(make_check
     path = make_checkpoint(**CHECKPOINTS["base"])
     ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
     model = Bart.from_pretrained(path, dtype=dtype)
-    original = Bart.decode_step
-    buffers, results = [], []
+    original, original_process = Bart.decode_step, generation.process_scores
+    buffers, results, log_probs = [], [], []
 
     def recording(self, tokens, cross, cache, out=None):
         logits = original(self, tokens, cross, cache, out=out)
@@ -94,11 +94,17 @@ def test_beam_search_widens_logits_into_one_buffer_for_the_whole_call(make_check
         results.append(logits)
         return logits
 
+    def processing(seqs, scores, s):
+        log_probs.append(scores)
+        return original_process(seqs, scores, s)
+
     monkeypatch.setattr(Bart, "decode_step", recording)
+    monkeypatch.setattr(generation, "process_scores", processing)
     got = model.generate(ids, mask, num_beams=4, min_length=0)
     rows = [r.shape[0] for r in results]
     assert len(rows) > 2 and rows[-1] < rows[0], "inputs left the batch during the call"
-    assert all(r.dtype == torch.float32 for r in results)
+    assert all(r.dtype == torch.float32 for r in results + log_probs)
+    assert len({p.data_ptr() for p in log_probs}) == 1, "every step's log-probs in one buffer"
     if dtype == torch.float32:
         assert buffers == [None] * len(rows)
     else:
@@ -106,7 +112,22 @@ def test_beam_search_widens_logits_into_one_buffer_for_the_whole_call(make_check
         assert all(r.data_ptr() == buffers[0].data_ptr() for r in results)
 
     monkeypatch.setattr(Bart, "decode_step", lambda self, tokens, cross, cache, out=None: original(self, tokens, cross, cache))
+    monkeypatch.setattr(generation, "process_scores", original_process)
     assert torch.equal(got, model.generate(ids, mask, num_beams=4, min_length=0))
+
+
+def test_beam_search_buffers_do_not_follow_torchs_default_dtype(make_checkpoint):
+    path = make_checkpoint(**CHECKPOINTS["base"])
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    model = Bart.from_pretrained(path)
+    expected = model.generate(ids, mask, num_beams=4, min_length=0)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        got = model.generate(ids, mask, num_beams=4, min_length=0)
+    finally:
+        torch.set_default_dtype(previous)
+    assert torch.equal(got, expected)
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

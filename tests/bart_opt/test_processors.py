@@ -31,7 +31,11 @@ def test_masking_processors_equal_transformers_and_work_in_place(cur_len):
         assert bool(torch.isinf(got[:, 3:]).any()), "the case bans some repeated 3-gram"
 
 
-def test_forced_tokens_still_replace_every_score():
+@pytest.mark.parametrize("forced", [dict(forced_eos_token_id=(2,)), dict(forced_bos_token_id=0)])
+def test_forced_tokens_replace_every_score_in_place(forced):
     scores = torch.zeros(2, 10)
-    got = process_scores(torch.full((2, 39), 5), scores, spec(forced_eos_token_id=(2,), no_repeat_ngram_size=0))
-    assert got[:, 2].eq(0).all() and torch.isinf(got[:, 3:]).all() and torch.isinf(got[:, :2]).all()
+    cur_len = 39 if "forced_eos_token_id" in forced else 1
+    got = process_scores(torch.full((2, cur_len), 5), scores, spec(no_repeat_ngram_size=0, min_length=0, **forced))
+    token = 2 if "forced_eos_token_id" in forced else 0
+    assert got[:, token].eq(0).all() and torch.isinf(got).sum() == 2 * 9
+    assert got.data_ptr() == scores.data_ptr(), "overwritten in place, no (N, V) copy"

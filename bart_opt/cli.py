@@ -401,5 +401,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def entry() -> None:
+    """The ``bart-opt`` command (and ``python -m bart_opt.cli``): `main`, then exit with its status.
+
+    A command that joined a Ray cluster (``evaluate --ray``) leaves it first, waiting at most
+    `bart_opt.distributed.SHUTDOWN_TIMEOUT_S`, and then exits at once: Ray's shutdown can hang
+    (at interpreter exit too), and by then the run folder is complete and the output printed.
+    Stdout and stderr are flushed before that exit; the interpreter's exit handlers are skipped.
+    """
+    code = main()
+    distributed = sys.modules.get("bart_opt.distributed")
+    if distributed is None or not distributed.ray.is_initialized():
+        sys.exit(code)
+    if not distributed.disconnect():
+        print(f"bart-opt: Ray did not shut down within {distributed.SHUTDOWN_TIMEOUT_S:g} s; exiting without it "
+              "(everything is written)", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -41,6 +41,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
@@ -65,6 +66,7 @@ LOCAL = "local"  # the address that starts a Ray instance on this machine
 MAX_RECORDS_PER_CALL = 256  # records one replica call plans into batches, at most
 CALLS_PER_REPLICA = 4  # fewer records per call on small runs, so that every replica gets some
 ROOM_POLL_S = 1.0
+SHUTDOWN_TIMEOUT_S = 30.0  # how long `disconnect` waits for Ray to shut down
 
 
 class ClusterError(RuntimeError):
@@ -180,6 +182,22 @@ def connect(options: ClusterOptions) -> None:
         ray.init(address=None if address == LOCAL else address, **settings)
     except (ConnectionError, ValueError, RuntimeError) as error:
         raise ClusterError(f"could not join the Ray cluster at {address!r} ({_first_line(error)})") from error
+
+
+def disconnect(timeout_s: float | None = None) -> bool:
+    """Leave the Ray cluster (``ray.shutdown``; a Ray instance this process started stops with it),
+    waiting at most `timeout_s` (default `SHUTDOWN_TIMEOUT_S`).
+
+    Returns False when Ray's shutdown had not returned by then: it goes on in a daemon thread,
+    and the caller decides whether to wait longer or exit. Ray's shutdown can hang for good (a
+    known class of Ray bugs; once in our CI, after a driver of the same cluster was killed).
+    """
+    if not ray.is_initialized():
+        return True
+    leaving = threading.Thread(target=ray.shutdown, name="ray-shutdown", daemon=True)
+    leaving.start()
+    leaving.join(SHUTDOWN_TIMEOUT_S if timeout_s is None else timeout_s)
+    return not leaving.is_alive()
 
 
 def _probe(address: str, timeout: float) -> None:
@@ -479,4 +497,4 @@ def _translated(results: Iterator[dict], options: ClusterOptions) -> Iterator[di
 
 
 __all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaConfig", "ReplicaPool",
-           "connect", "place", "records_per_call"]
+           "connect", "disconnect", "place", "records_per_call"]

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,7 +28,7 @@ from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions, run_evaluation
 from bart_opt.summarizer import Summarizer
 
-pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
 
 from bart_opt.distributed import (  # noqa: E402 - only with Ray installed
     ClusterError,
@@ -36,6 +37,7 @@ from bart_opt.distributed import (  # noqa: E402 - only with Ray installed
     Replica,
     ReplicaConfig,
     ReplicaPool,
+    disconnect,
     place,
     records_per_call,
 )
@@ -269,3 +271,40 @@ def test_replicas_the_cluster_cannot_hold_are_refused_before_anything_starts(ray
     assert main([*base, "--replicas", "3"]) == 2
     assert "the Ray cluster holds 2 replicas of 1 CPU, not 3" in capsys.readouterr().err
     assert not (tmp_path / "run" / "predictions.jsonl").exists()
+
+
+def test_disconnect_waits_for_a_hung_ray_shutdown_at_most_its_bound(ray_cluster, monkeypatch):
+    release = threading.Event()
+    calls: list[str] = []
+
+    def hung_shutdown():
+        calls.append("hung")
+        release.wait()
+
+    monkeypatch.setattr(ray, "shutdown", hung_shutdown)  # the session's instance stays up
+    started = time.monotonic()
+    try:
+        assert disconnect(timeout_s=0.5) is False
+    finally:
+        release.set()
+    assert 0.5 <= time.monotonic() - started < 5 and calls == ["hung"]
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("done"))
+    assert disconnect(timeout_s=5) is True and calls == ["hung", "done"]
+
+
+def test_the_command_exits_with_its_status_when_ray_never_shuts_down(ray_cluster, demo_checkpoint, tmp_path):
+    data = cnn_file(tmp_path / "cnn.jsonl", 4, seed=6)
+    out = tmp_path / "run"
+    # Ray's shutdown hangs, whoever calls it: `disconnect` here, or Ray's own exit handler.
+    script = ("import threading, ray._private.worker as worker, bart_opt.distributed as d; "
+              "worker.disconnect = lambda *args, **kwargs: threading.Event().wait(); d.SHUTDOWN_TIMEOUT_S = 2.0; "
+              "from bart_opt.cli import entry; entry()")
+    done = subprocess.run(
+        [sys.executable, "-c", script, "evaluate", "--model", demo_checkpoint, "--data", str(data), "--out", str(out),
+         *GEN_ARGS, "--no-progress", "--ray", ray_cluster, "--replicas", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=240, check=False)  # without the bound: forever
+    assert done.returncode == 0, done.stderr
+    assert ("bart-opt: Ray did not shut down within 2 s; exiting without it (everything is written)"
+            in done.stderr.splitlines())
+    assert json.loads(done.stdout)["n_obs"] == 4  # the output, flushed before the exit
+    assert len(predictions(out)) == 4 and (out / "metrics.json").exists()

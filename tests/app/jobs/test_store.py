@@ -258,6 +258,33 @@ def test_a_database_of_the_first_schema_migrates_forward_keeping_its_jobs(tmp_pa
     again.close()
 
 
+@pytest.mark.parametrize("held_s", [0.3, None])
+def test_opening_waits_for_a_writer_of_a_rollback_journal_database_up_to_the_busy_timeout(tmp_path, held_s):
+    # SQLite refuses the switch to WAL at once, without its busy handler, while another
+    # connection holds the write lock of a database still in rollback-journal mode.
+    path = tmp_path / "jobs.db"
+    v1_database(path)
+    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    writer.execute("BEGIN IMMEDIATE")
+    release = threading.Timer(held_s or 30, writer.execute, args=("ROLLBACK",))
+    release.start()
+    store = JobStore(path, busy_timeout=1.0)
+    started = time.monotonic()
+    try:
+        if held_s is None:
+            with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+                store.initialize()
+            assert 1.0 <= time.monotonic() - started < 5  # bounded by the busy timeout
+        else:
+            store.initialize()
+            assert time.monotonic() - started >= held_s
+            assert store.counts()["running"] == 1
+    finally:
+        release.cancel()
+        store.close()
+        writer.close()
+
+
 def test_migrating_processes_race_safely_and_a_newer_schema_is_refused(tmp_path):
     path = tmp_path / "jobs.db"
     v1_database(path)

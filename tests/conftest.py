@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -41,12 +43,18 @@ def ray_cluster() -> str:
     workers' output not sent to the driver); yields its address for ``--ray ADDRESS``.
 
     Its workers import this checkout (Ray puts the driver's working directory on their path) and
-    inherit this process's environment (HF_HUB_OFFLINE above).
+    inherit this process's environment (HF_HUB_OFFLINE above). Its shutdown is bounded as the
+    command's is (`bart_opt.cli.entry`): a hung one must not hold the session's exit.
     """
     ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
+    from bart_opt.distributed import disconnect
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=150 * 2**20,
              logging_level=logging.WARNING)
     try:
         yield ray.get_runtime_context().gcs_address
     finally:
-        ray.shutdown()
+        if not disconnect(timeout_s=60):
+            atexit.unregister(ray._private.worker.shutdown)  # Ray's exit hook would wait on the same hang
+            warnings.warn("the session's Ray instance did not shut down within 60 s; Ray's reaper stops it",
+                          stacklevel=1)

@@ -24,7 +24,7 @@ def refused_submission(client, name: str) -> dict:
 
 
 def test_a_database_made_read_only_mid_job_holds_the_job_which_resumes_once_writable(
-    make_jobs_app, write_jsonl, faulty_store, tmp_path
+    make_jobs_app, write_jsonl, faulty_store, tmp_path, caplog
 ):
     write_jsonl("six.jsonl", cnn_rows(6, seed=30))
     stepper = Stepper()
@@ -37,7 +37,11 @@ def test_a_database_made_read_only_mid_job_holds_the_job_which_resumes_once_writ
             faulty_store.fault = "read-only"
             stepper.allow(1)  # batch 2 is computed but cannot be written; nor can the job be failed
             stepper.wait_arrived(2)
-            time.sleep(1.5)  # past the retries (0.5 s) and the lease (1 s)
+            gave_up = f"job {job_id}: the jobs database (BART_OPT_DB) is read-only; it stays claimed"
+            deadline = time.monotonic() + 30
+            while gave_up not in caplog.text:  # the runner is past its retries (0.5 s) and holds the job
+                assert time.monotonic() < deadline, caplog.text
+                time.sleep(0.02)
             during = client.get(f"/evaluate/{job_id}").json()  # reads still work
             error = refused_submission(client, "six.jsonl")
             faulty_store.fault = None  # writable again: the job is claimed again, no restart

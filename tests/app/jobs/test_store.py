@@ -267,9 +267,9 @@ def test_opening_waits_for_a_writer_of_a_rollback_journal_database_up_to_the_bus
     writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     writer.execute("BEGIN IMMEDIATE")
     release = threading.Timer(held_s or 30, writer.execute, args=("ROLLBACK",))
-    release.start()
     store = JobStore(path, busy_timeout=1.0)
     started = time.monotonic()
+    release.start()
     try:
         if held_s is None:
             with pytest.raises(sqlite3.OperationalError, match="database is locked"):
@@ -277,7 +277,7 @@ def test_opening_waits_for_a_writer_of_a_rollback_journal_database_up_to_the_bus
             assert 1.0 <= time.monotonic() - started < 5  # bounded by the busy timeout
         else:
             store.initialize()
-            assert time.monotonic() - started >= held_s
+            assert time.monotonic() - started >= held_s  # it waited for the writer
             assert store.counts()["running"] == 1
     finally:
         release.cancel()

@@ -97,10 +97,11 @@ def test_the_allowlist_decides_which_hub_datasets_stream(make_jobs_app, monkeypa
 def test_slow_hub_loads_fail_cleanly_and_never_delay_summarize(make_jobs_app, monkeypatch):
     """45 slow hub submissions once pushed /summarize from 0.2 s to 31 s: they held the request threads."""
     loading = []
+    release = threading.Event()  # the hub loads hang until /summarize has answered
 
     def unreachable(*args, **kwargs):
         loading.append(threading.current_thread().name)
-        time.sleep(1.5)
+        release.wait(60)
         raise ConnectionError("hub unreachable")
 
     monkeypatch.setattr("datasets.load_dataset", unreachable)
@@ -115,13 +116,14 @@ def test_slow_hub_loads_fail_cleanly_and_never_delay_summarize(make_jobs_app, mo
             submissions = [asyncio.create_task(client.post("/evaluate", json={"dataset": {"hub": f"org/ds{i}"}}))
                            for i in range(12)]
             await until(lambda: len(loading) >= 2)
-            started = time.perf_counter()
-            summarized = await client.post("/summarize", json=body)
-            latency = time.perf_counter() - started
-            return summarized, latency, await asyncio.gather(*submissions)
+            try:  # answered while both loads still hang, or never (until the 30 s bound)
+                summarized = await asyncio.wait_for(client.post("/summarize", json=body), 30)
+            finally:
+                release.set()
+            return summarized, await asyncio.gather(*submissions)
 
-    summarized, latency, submitted = asyncio.run(scenario())
-    assert summarized.status_code == 200 and latency < 1.0, latency
+    summarized, submitted = asyncio.run(scenario())
+    assert summarized.status_code == 200
     codes = sorted(response.status_code for response in submitted)
     assert codes == [429] * 8 + [502] * 4  # 2 loading and 2 waiting; the rest refused at once
     for response in submitted:
@@ -276,13 +278,16 @@ def test_a_submission_past_its_deadline_stops_loading_and_leaves_no_job(make_job
     monkeypatch.setattr("app.jobs.service.iter_records", slow)
     with serving(make_jobs_app(request_timeout_s=0.5)) as client:
         response = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}})
-        seen, deadline = -1, time.monotonic() + 10
-        while len(read) != seen and time.monotonic() < deadline:  # until reading stops
+        seen, deadline = -1, time.monotonic() + 30
+        while time.monotonic() < deadline:  # until reading has stopped and what it wrote is gone
+            listed = client.get("/evaluate").json()["jobs"]
+            with client.app.state.jobs.store._read() as connection:
+                left = [connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+                        for table in ("jobs", "records")]
+            if len(read) == seen and listed == [] and left == [0, 0]:
+                break
             seen = len(read)
             time.sleep(0.3)
-        listed = client.get("/evaluate").json()["jobs"]
-        with client.app.state.jobs.store._read() as connection:
-            left = [connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] for table in ("jobs", "records")]
     assert response.status_code == 504, response.text
     assert len(read) < 400  # it stopped reading long before the end
     assert listed == [] and left == [0, 0]

@@ -186,4 +186,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from bart_opt.distributed import exit_process
+
+    exit_process(main(), "bench_ray")  # Ray's shutdown can hang: bounded, as the command's

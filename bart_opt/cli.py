@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -404,21 +405,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def entry() -> None:
     """The ``bart-opt`` command (and ``python -m bart_opt.cli``): `main`, then exit with its status.
 
-    A command that joined a Ray cluster (``evaluate --ray``) leaves it first, waiting at most
-    `bart_opt.distributed.SHUTDOWN_TIMEOUT_S`, and then exits at once: Ray's shutdown can hang
-    (at interpreter exit too), and by then the run folder is complete and the output printed.
-    Stdout and stderr are flushed before that exit; the interpreter's exit handlers are skipped.
+    A command that joined a Ray cluster (``evaluate --ray``, ``serve`` with jobs on Ray) ends
+    through `bart_opt.distributed.exit_process`, however `main` ended (a status, an exception,
+    Ray's SIGTERM handler): Ray's shutdown can hang, at interpreter exit too, so it is waited for
+    at most `bart_opt.distributed.SHUTDOWN_TIMEOUT_S` and the process then exits at once.
     """
-    code = main()
+    try:
+        code = main()
+    except BaseException as error:
+        if not _joined_ray():
+            raise
+        code = _status_of(error)
+    if _joined_ray():
+        sys.modules["bart_opt.distributed"].exit_process(code, "bart-opt")
+    sys.exit(code)
+
+
+def _joined_ray() -> bool:
     distributed = sys.modules.get("bart_opt.distributed")
-    if distributed is None or not distributed.ray.is_initialized():
-        sys.exit(code)
-    if not distributed.disconnect():
-        print(f"bart-opt: Ray did not shut down within {distributed.SHUTDOWN_TIMEOUT_S:g} s; exiting without it "
-              "(everything is written)", file=sys.stderr)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return distributed is not None and distributed.ray.is_initialized()
+
+
+def _status_of(error: BaseException) -> int:
+    """The exit status an uncaught `error` gives (a traceback is printed for a crash)."""
+    if isinstance(error, SystemExit):
+        return error.code if isinstance(error.code, int) else (0 if error.code is None else 1)
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    traceback.print_exception(error)
+    return 1
 
 
 if __name__ == "__main__":

@@ -41,12 +41,13 @@ import logging
 import math
 import os
 import socket
+import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import ray
@@ -188,9 +189,10 @@ def disconnect(timeout_s: float | None = None) -> bool:
     """Leave the Ray cluster (``ray.shutdown``; a Ray instance this process started stops with it),
     waiting at most `timeout_s` (default `SHUTDOWN_TIMEOUT_S`).
 
-    Returns False when Ray's shutdown had not returned by then: it goes on in a daemon thread,
-    and the caller decides whether to wait longer or exit. Ray's shutdown can hang for good (a
-    known class of Ray bugs; once in our CI, after a driver of the same cluster was killed).
+    Returns False when Ray's shutdown had not returned by then: it goes on in a daemon thread
+    and holds Ray's lock, so only ``os._exit`` is safe afterwards (see `exit_process`). Ray's
+    shutdown can hang for good (a known class of Ray bugs; once in our CI, after a driver of the
+    same cluster was killed).
     """
     if not ray.is_initialized():
         return True
@@ -198,6 +200,34 @@ def disconnect(timeout_s: float | None = None) -> bool:
     leaving.start()
     leaving.join(SHUTDOWN_TIMEOUT_S if timeout_s is None else timeout_s)
     return not leaving.is_alive()
+
+
+def exit_process(code: int, program: str) -> NoReturn:
+    """End a process that joined Ray with exit status `code`: leave the cluster within
+    `SHUTDOWN_TIMEOUT_S` (`disconnect`), flush stdout and stderr, then ``os._exit``.
+
+    The interpreter's exit handlers are skipped, Ray's own included, which would wait on a hung
+    shutdown for good. Ctrl-C or SIGTERM during the wait ends it at once with the same exit.
+    """
+    try:
+        left = disconnect()
+    except (KeyboardInterrupt, SystemExit):
+        left = False
+    if not left:
+        _say(f"{program}: Ray did not shut down within {SHUTDOWN_TIMEOUT_S:g} s; exiting without it")
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`), a closed stream
+            pass
+    os._exit(code)
+
+
+def _say(line: str) -> None:
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 def _probe(address: str, timeout: float) -> None:
@@ -497,4 +527,5 @@ def _translated(results: Iterator[dict], options: ClusterOptions) -> Iterator[di
 
 
 __all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaConfig", "ReplicaPool",
-           "connect", "disconnect", "place", "records_per_call"]
+           "connect", "disconnect", "exit_process", "place",
+           "records_per_call"]

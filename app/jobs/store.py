@@ -211,7 +211,7 @@ class JobStore:
                 connection.execute("PRAGMA journal_mode=WAL")
                 return
             except sqlite3.OperationalError as error:
-                busy = (getattr(error, "sqlite_errorname", None) or "").startswith(("SQLITE_BUSY", "SQLITE_LOCKED"))
+                busy = (getattr(error, "sqlite_errorname", None) or "").startswith("SQLITE_BUSY")  # another process
                 left = deadline - time.monotonic()
                 if not busy or left <= 0:
                     raise

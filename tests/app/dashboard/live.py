@@ -8,6 +8,7 @@ test can hold its model calls (`Stepper`) and read its state. `launch_chromium` 
 from __future__ import annotations
 
 import shutil
+import socket
 import threading
 import time
 
@@ -15,7 +16,6 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from app.bench_load import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -45,12 +45,15 @@ class LiveServer:
 
     def __init__(self, app: FastAPI, ready_timeout: float = 120) -> None:
         self.app = app
-        self.port = free_port()
+        # Bound here, so no other process (a Ray worker) can take the port before the server listens.
+        self.socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout = ready_timeout
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        config = uvicorn.Config(app, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, name="live-server", daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="live-server",
+                                       daemon=True)
 
     def __enter__(self) -> LiveServer:
         self.thread.start()
@@ -66,6 +69,7 @@ class LiveServer:
     def __exit__(self, *exc) -> None:
         self.server.should_exit = True
         self.thread.join(60)
+        self.socket.close()
 
     def client(self, api_key: str | None = None) -> httpx.Client:
         """An HTTP client on this server (with the bearer token when given)."""

@@ -527,5 +527,4 @@ def _translated(results: Iterator[dict], options: ClusterOptions) -> Iterator[di
 
 
 __all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaConfig", "ReplicaPool",
-           "connect", "disconnect", "exit_process", "place",
-           "records_per_call"]
+           "connect", "disconnect", "exit_process", "place", "records_per_call"]

@@ -292,13 +292,17 @@ def test_disconnect_waits_for_a_hung_ray_shutdown_at_most_its_bound(ray_cluster,
     assert disconnect(timeout_s=5) is True and calls == ["hung", "done"]
 
 
+def hung_ray(bound_s: float) -> str:
+    """The start of a script in which Ray's shutdown hangs for good, whoever calls it (`disconnect`,
+    or Ray's own exit handler), and `disconnect` waits `bound_s` for it."""
+    return ("import threading, ray._private.worker as worker, bart_opt.distributed as d\n"
+            f"worker.disconnect = lambda *args, **kwargs: threading.Event().wait(); d.SHUTDOWN_TIMEOUT_S = {bound_s}\n")
+
+
 def test_the_command_exits_with_its_status_when_ray_never_shuts_down(ray_cluster, demo_checkpoint, tmp_path):
     data = cnn_file(tmp_path / "cnn.jsonl", 4, seed=6)
     out = tmp_path / "run"
-    # Ray's shutdown hangs, whoever calls it: `disconnect` here, or Ray's own exit handler.
-    script = ("import threading, ray._private.worker as worker, bart_opt.distributed as d; "
-              "worker.disconnect = lambda *args, **kwargs: threading.Event().wait(); d.SHUTDOWN_TIMEOUT_S = 2.0; "
-              "from bart_opt.cli import entry; entry()")
+    script = hung_ray(2.0) + "from bart_opt.cli import entry; entry()\n"
     done = subprocess.run(
         [sys.executable, "-c", script, "evaluate", "--model", demo_checkpoint, "--data", str(data), "--out", str(out),
          *GEN_ARGS, "--no-progress", "--ray", ray_cluster, "--replicas", "1"],
@@ -314,8 +318,7 @@ def test_the_command_exits_with_its_status_when_ray_never_shuts_down(ray_cluster
 def test_a_command_that_joined_ray_exits_with_its_status_however_it_ends(ray_cluster, tmp_path, ending, status):
     # Ray's shutdown hangs; `main` joins the cluster, then ends by an exception (a crash; Ray's
     # SIGTERM handler raises SystemExit(15)) instead of returning a status.
-    script = ("import sys, threading, ray._private.worker as worker, bart_opt.cli as cli, bart_opt.distributed as d\n"
-              "worker.disconnect = lambda *args, **kwargs: threading.Event().wait(); d.SHUTDOWN_TIMEOUT_S = 1.0\n"
+    script = (hung_ray(1.0) + "import bart_opt.cli as cli\n"
               "def main():\n"
               f"    d.connect(d.ClusterOptions(address={ray_cluster!r}))\n"
               f"    {ending}\n"

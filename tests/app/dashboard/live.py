@@ -16,7 +16,6 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -19,8 +19,12 @@ WORKDIR /opt/bart-opt
 COPY pyproject.toml README.md ./
 COPY bart_opt ./bart_opt
 COPY app ./app
-# torch comes with the base image (it satisfies pyproject's torch requirement); pip adds the rest.
-RUN pip install . \
+# g++ builds the fast mode's CPU attention kernel on first use (bart_opt/csrc; without it the fast mode
+# falls back to torch's kernel). torch comes with the base image (it satisfies pyproject's torch
+# requirement); pip adds the rest.
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/* \
+ && pip install . \
  && useradd --create-home --uid 10001 bartopt \
  && mkdir -p /cache/huggingface /var/lib/bart-opt /data \
  && chown bartopt /cache/huggingface /var/lib/bart-opt

@@ -54,6 +54,7 @@ def load_summarizer(settings: Settings, **summarizer_options) -> Summarizer:
         max_batch_size=settings.max_batch_size,
         max_beams=settings.max_beams,
         exact=settings.exact,
+        fast=settings.fast,
         **summarizer_options,
     )
 

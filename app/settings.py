@@ -30,6 +30,10 @@ class Settings(BaseSettings):
     exact: bool = Field(
         False, description="Generate exactly transformers' ids (same device, dtype, batches) at some memory and time."
     )
+    fast: bool = Field(
+        False, description="Faster half-precision kernels (bfloat16 on CPU: bart_opt's own attention kernel), "
+        "at the price of summaries that differ from transformers' more often. Not with exact."
+    )
     max_batch_tokens: int = Field(
         16384, ge=1, description="Token budget of one model call: longest input x texts x beams."
     )

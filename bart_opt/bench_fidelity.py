@@ -4,7 +4,7 @@ For one random checkpoint shape and each dtype, on CPU or CUDA, every input is g
 
 - transformers' `generate` in padded batches of `--batch-size` (the reference),
 - transformers' `generate` alone (batch of 1): transformers' own self-consistency,
-- bart_opt's default mode and bart_opt's exact mode, in the same batches as the reference,
+- bart_opt's default, exact and fast modes, in the same batches as the reference,
 
 greedy and with beam search. For each output that differs from the reference, the tie
 analysis scores both hypotheses with transformers' model (teacher-forced, alone, the run's
@@ -43,7 +43,7 @@ SHAPES = {
               "decoder_attention_heads": 8, "ffn_dim": 512, "vocab_size": 2000, "max_position_embeddings": 256},
 }
 DTYPES = ("float32", "float16", "bfloat16")
-MODES = ("default", "exact")
+MODES = ("default", "exact", "fast")
 
 
 @dataclass(frozen=True)
@@ -165,6 +165,8 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     from bart_opt import Bart
 
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
+    # Half precision is also held against float32 transformers, the closest thing to the true output.
+    hf32 = None if dtype == torch.float32 else BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)
@@ -180,7 +182,8 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
             label = f"transformers_b{batch}" if engine == "transformers" else mode
             model = hf if engine == "transformers" else ours
             if engine == "bart_opt":
-                ours.exact = mode == "exact"
+                ours.exact = ours.fast = False  # the two exclude each other: off first, then the mode's
+                ours.exact, ours.fast = mode == "exact", mode == "fast"
             tick = time.perf_counter()
             runs[label] = generate_all(model, inputs, batch, kwargs, device, pad)
             report["seconds"][f"{name}/{label}"] = time.perf_counter() - tick
@@ -192,6 +195,11 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
             **{label: compare(reference, out, inputs, hf, spec, device).as_dict()
                for label, out in runs.items() if label != f"transformers_b{work.batch_size}"},
         }
+        if hf32 is not None:  # each half-precision engine against transformers float32, scored in float32
+            reference32 = generate_all(hf32, inputs, work.batch_size, kwargs, device, pad)
+            report[name]["vs_float32"] = {
+                label: compare(reference32, runs[key], inputs, hf32, spec, device).as_dict()
+                for label, key in (("transformers", f"transformers_b{work.batch_size}"), *((m, m) for m in modes))}
     return report
 
 
@@ -209,6 +217,14 @@ def _cell(block: dict, label: str) -> str:
     return f"{c['identical']}/{c['total']}" if c else "not run"
 
 
+def _vs_float32(block: dict) -> str:
+    """Identical counts against transformers float32, with fp32-scored gaps of the differing ones."""
+    vs = block.get("vs_float32")
+    if not vs:
+        return "-"
+    return " / ".join(f"{c['identical']}/{c['total']} ({_gap_summary(c['score_gaps'])})" for c in vs.values())
+
+
 def format_table(title: str, results: dict, work: Workload) -> str:
     """Markdown: one row per dtype; identical counts and the score gaps of the differences."""
     lines = [f"### {title}", "",
@@ -216,17 +232,22 @@ def format_table(title: str, results: dict, work: Workload) -> str:
              "differing outputs of |transformers' sequence score of its output - of the other|, and how many of "
              "them transformers scores higher than its own output", "",
              "| dtype | greedy default | greedy exact | beam exact | beam default | default's score gaps "
-             "| transformers alone vs in batch | its score gaps | output tokens (min/mean/max), distinct |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| greedy fast | beam fast | fast's score gaps "
+             "| transformers alone vs in batch | its score gaps | output tokens (min/mean/max), distinct "
+             "| beam, same as transformers fp32: transformers / default / exact / fast |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for dtype, r in results.items():
         beam, greedy = r["beam"], r.get("greedy", {})
         tokens = beam["output_tokens"]
         lines.append(
             f"| {dtype} | {_cell(greedy, 'default')} | {_cell(greedy, 'exact')} | {_cell(beam, 'exact')} "
             f"| {_cell(beam, 'default')} | {_gap_summary(beam.get('default', {}).get('score_gaps', []))} "
+            f"| {_cell(greedy, 'fast')} | {_cell(beam, 'fast')} "
+            f"| {_gap_summary(beam.get('fast', {}).get('score_gaps', []))} "
             f"| {_cell(beam, 'transformers_b1')} "
             f"| {_gap_summary(beam.get('transformers_b1', {}).get('score_gaps', []))} "
-            f"| {tokens['min']}/{tokens['mean']:.1f}/{tokens['max']}, {beam['distinct_outputs']} |")
+            f"| {tokens['min']}/{tokens['mean']:.1f}/{tokens['max']}, {beam['distinct_outputs']} "
+            f"| {_vs_float32(beam)} |")
     return "\n".join(lines)
 
 

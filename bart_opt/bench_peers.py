@@ -5,7 +5,8 @@ end-of-sequence logit raised so that summaries end at varied, realistic lengths;
 folder with ``--model``), 12 documents of CNN/DailyMail-like length (453 to 1024 tokens) in one
 batch, generated at the CNN settings (4 beams, length_penalty 2.0, min_length 56, max_length
 142, no_repeat_ngram_size 3). Engines: transformers float32 (the reference), bart_opt float32
-and bfloat16, and each peer (CTranslate2 float32 and int8).
+and bfloat16, bart_opt's fast mode in bfloat16 (``bart_opt_fast``), and each peer (CTranslate2
+float32 and int8).
 
 Each engine runs in a process of its own with the same thread count, so that its memory can be
 measured the same way whatever allocates it: the peak RSS of one generate call above the RSS
@@ -38,12 +39,12 @@ from bart_opt.peers import EngineSpec
 # Token counts of 12 CNN/DailyMail-like articles after truncation to 1024 (9,537 tokens in all).
 CNN_DOC_LENGTHS = (1024, 1024, 1024, 1024, 951, 868, 780, 712, 640, 575, 462, 453)
 PEER_DTYPES = {"ctranslate2": ("float32", "int8")}
-OURS = (EngineSpec("bart_opt", "float32"), EngineSpec("bart_opt", "bfloat16"))
+OURS = (EngineSpec("bart_opt", "float32"), EngineSpec("bart_opt", "bfloat16"), EngineSpec("bart_opt_fast", "bfloat16"))
 REFERENCE = EngineSpec("transformers", "float32")
 
 
 def engine_specs(peers: list[str]) -> list[EngineSpec]:
-    """The reference, bart_opt in both dtypes, then every dtype of each peer."""
+    """The reference, bart_opt in both dtypes and its fast mode, then every dtype of each peer."""
     return [REFERENCE, *OURS, *(EngineSpec(p, d) for p in peers for d in PEER_DTYPES[p])]
 
 
@@ -172,7 +173,8 @@ def targets(rows: list[dict]) -> dict:
     """The speed ratios the issue sets targets for, where both engines ran."""
     by = {(r["engine"], r["dtype"]): r for r in rows}
     pairs = {"bart_opt_float32_vs_ctranslate2_float32": (("bart_opt", "float32"), ("ctranslate2", "float32"), 1.0),
-             "bart_opt_bfloat16_vs_ctranslate2_int8": (("bart_opt", "bfloat16"), ("ctranslate2", "int8"), 1.3)}
+             "bart_opt_bfloat16_vs_ctranslate2_int8": (("bart_opt", "bfloat16"), ("ctranslate2", "int8"), 1.3),
+             "bart_opt_fast_bfloat16_vs_ctranslate2_int8": (("bart_opt_fast", "bfloat16"), ("ctranslate2", "int8"), 1.3)}
     out = {}
     for name, (ours, peer, goal) in pairs.items():
         if ours in by and peer in by:

@@ -144,9 +144,13 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on cuda, float32 on cpu)")
     parser.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per batch, beams counted")
     parser.add_argument("--max-batch-size", type=int, default=None, help="inputs per batch at most")
-    parser.add_argument("--exact", action="store_true",
-                        help="generate exactly transformers' ids for the same batches, device and dtype "
-                             "(more memory and time in beam search; default: shared cross-attention state)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--exact", action="store_true",
+                      help="generate exactly transformers' ids for the same batches, device and dtype "
+                           "(more memory and time in beam search; default: shared cross-attention state)")
+    mode.add_argument("--fast", action="store_true",
+                      help="faster half-precision kernels (bfloat16 on CPU: bart_opt's own attention kernel, "
+                           "built on first use), with summaries that differ from transformers' more often")
     parser.add_argument("--no-memory-count", action="store_true",
                         help="on CPU, skip counting live tensor bytes (memory peaks then read 0; "
                              "saves its overhead, about 10-20%% on tiny models)")
@@ -197,7 +201,7 @@ def load_summarizer(args: argparse.Namespace):
     if args.max_batch_size is not None:
         budgets["max_batch_size"] = args.max_batch_size
     return Summarizer.from_pretrained(args.model, device=args.device, dtype=args.dtype, exact=args.exact,
-                                      count_cpu_tensors=not args.no_memory_count, **budgets)
+                                      fast=args.fast, count_cpu_tensors=not args.no_memory_count, **budgets)
 
 
 def read_jsonl_texts(lines: Iterable[str], source: str, text_field: str) -> tuple[list, list[str]]:
@@ -322,7 +326,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     # Replicas start in other folders: a local checkpoint goes to them by its absolute path.
     model = str(folder.resolve()) if Path(args.model).expanduser().is_dir() else args.model
     config = ReplicaConfig(model=model, dtype=args.dtype, count_cpu_tensors=not args.no_memory_count, exact=args.exact,
-                           **budgets)
+                           fast=args.fast, **budgets)
     pool = ReplicaPool(config, options, name=args.model,
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:

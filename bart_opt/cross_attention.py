@@ -7,11 +7,13 @@ the arithmetic is shaped:
 * `SharedCrossAttention` (the default): keys/values are kept per input, so that an input that
   leaves the batch frees its own tensors without copying the others'; in float32 they cover
   its real encoder states only, (1, H, n_i, d), so padding is neither stored nor attended to
-  (half precision keeps and masks it: `bart_opt.packing.skips_padded_keys`). The beams of one
+  (half precision keeps and masks it, except in the fast mode: `bart_opt.packing.skips_padded_keys`).
+  The beams of one
   input are folded into the query axis of one attention call against its single copy: nothing
   is copied per beam. The kernel sees a query length of `beams` instead of 1, which rounds
   differently in the last bits, and beam search can turn such a difference into another
-  (near-tied) hypothesis.
+  (near-tied) hypothesis. The fast mode runs those calls through bart_opt's own bfloat16 kernel
+  (`bart_opt.native`) where it can.
 * `ExactCrossAttention` (`exact=True`): the kernels get the inputs transformers' BART gives them
   during beam search, which expands the encoder output per beam and caches contiguous per-beam
   keys/values: the projections run on the per-beam copy of the encoder states (same
@@ -28,6 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from bart_opt import native
 from bart_opt.packing import Packing, skips_padded_keys
 
 InputKeysValues = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -67,19 +70,20 @@ class SharedCrossAttention:
     Build it with `build`. `kv[layer][i]` holds decoder layer `layer`'s `InputKeysValues` for input i.
     """
 
-    def __init__(self, kv: Sequence[list[InputKeysValues]], beams: int):
+    def __init__(self, kv: Sequence[list[InputKeysValues]], beams: int, native_kernel: bool = False):
         self.kv = kv
         self.beams = beams
+        self.native_kernel = native_kernel
 
     @classmethod
     def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
-              lazy: bool = False) -> SharedCrossAttention:
+              lazy: bool = False, fast: bool = False) -> SharedCrossAttention:
         """State for the cross-attention modules `attns` (one per decoder layer) over encoder states
         `memory` (B, S, D) with (B, S) 0/1 `attention_mask` (None: nothing padded). `lazy`: project
         each layer's keys/values only when it runs (a single teacher-forced pass; such a state is
-        used once and not shrunk)."""
+        used once and not shrunk). `fast`: the fast mode's padded-key skipping and kernel."""
         b, s, _ = memory.shape
-        skip = skips_padded_keys(memory.dtype)
+        skip = skips_padded_keys(memory.dtype, fast)
         packing = Packing(attention_mask, b, s, pack=skip)
         packed = packing.pack(memory)  # (N, D)
         masks = [None if skip else packing.key_mask(i) for i in range(b)]  # (1, 1, 1, S) or None
@@ -95,7 +99,7 @@ class SharedCrossAttention:
             return out
 
         kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
-        return cls(kv, beams)
+        return cls(kv, beams, native_kernel=fast and bool(attns) and native.handles(memory, attns[0].head_dim))
 
     def keep(self, rows: torch.Tensor) -> None:
         """Shrink to the inputs `rows` (B',); the others' keys/values are freed, nothing is copied."""
@@ -113,6 +117,9 @@ class SharedCrossAttention:
         q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
         out = x.new_empty(b, self.beams * t, attn.heads, attn.head_dim)  # (B, beams*T, H, d)
         for i, (k, v, mask) in enumerate(per_input):  # (1, H, n_i, d)
+            if self.native_kernel:  # the fast mode, which leaves padded keys out: no mask
+                native.decode_attention(q[i : i + 1], k, v, attn.scaling, out=out[i : i + 1].transpose(1, 2))
+                continue
             attended = F.scaled_dot_product_attention(q[i : i + 1], k, v, attn_mask=mask, scale=attn.scaling)
             out[i] = attended[0].transpose(0, 1)
         return attn.out_proj(out.view(n, t, d_model))  # (B*beams, T, D)

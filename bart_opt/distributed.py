@@ -128,6 +128,7 @@ class ReplicaConfig:
     max_beams: int | None = None
     count_cpu_tensors: bool = True
     exact: bool = False
+    fast: bool = False
     device: str = "cpu"
 
 
@@ -296,7 +297,7 @@ class Replica:
         self.summarizer = Summarizer.from_pretrained(
             config.model, device=config.device, dtype=config.dtype, max_batch_tokens=config.max_batch_tokens,
             max_batch_size=config.max_batch_size, max_beams=config.max_beams,
-            count_cpu_tensors=config.count_cpu_tensors, exact=config.exact,
+            count_cpu_tensors=config.count_cpu_tensors, exact=config.exact, fast=config.fast,
         )
         self.spec = spec
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"

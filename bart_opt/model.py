@@ -21,10 +21,16 @@ Attribute names follow the Hugging Face checkpoint keys (minus their `model.` pr
 transformers gives it instead: MKL's products (on packed rows: a row rounds alike at every row
 count from 17 up), padded attention rectangles with a materialized `(B, 1, S, S)` encoder mask,
 per-beam cross-attention keys/values (one layer at a time), un-chunked feed-forward blocks.
+
+`fast=True` goes the other way from the default: half precision leaves padded keys out as float32
+does, and in bfloat16 on a CPU with AVX512-BF16 decoding attention runs through bart_opt's own
+kernel (`bart_opt.native`). Its ids are not transformers' (nor the default's); their agreement
+with float32 is measured and published.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -41,6 +47,7 @@ from bart_opt.generation import Cancelled, generate
 from bart_opt.inputs import check_inputs, shift_right
 from bart_opt.kernels import Linear, linear, uses_onednn
 from bart_opt.loading import load_pretrained
+from bart_opt import native
 from bart_opt.memory import LoggingMixin
 from bart_opt.packing import Packing, skips_padded_keys
 from bart_opt.spec import GenerationSpec
@@ -62,6 +69,7 @@ class Attention(nn.Module):
     """
 
     exact = False  # set by `Bart.exact`
+    fast = False  # set by `Bart.fast`
 
     def __init__(self, d_model: int, heads: int, fused: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")):
         super().__init__()
@@ -129,7 +137,7 @@ class Attention(nn.Module):
             q, k, v = (self.split(packing.unpack(t)) for t in (q, k, v))  # (B, H, S, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.square_mask(), scale=self.scaling)
             return self.out_proj(packing.pack(self.merge(out)))  # (N, D)
-        skip = skips_padded_keys(x.dtype)
+        skip = skips_padded_keys(x.dtype, self.fast)
         if not skip:
             k, v = packing.unpack(k), packing.unpack(v)  # (B, S, D)
         out = torch.empty_like(x)  # (N, D)
@@ -148,7 +156,14 @@ class Attention(nn.Module):
         q, k, v = (self.split(t) for t in self.project(x))  # (N, H, T, d) each
         k, v = cache.append(layer, k, v)  # (N, H, L, d)
         # T == 1 while decoding: the new token may see every cached position, so no mask is needed.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=self.scaling)
+        if cache.rows is not None:  # indirect (fast mode): only bart_opt's kernel follows its history table
+            if q.shape[2] != 1:
+                raise RuntimeError("an indirect KVCache is read one new position at a time")
+            out = native.decode_attention(q, k, v, self.scaling, rows=cache.history(k.shape[2]))  # (N, H, 1, d)
+        elif self.fast and q.shape[2] == 1 and native.handles(q, self.head_dim):
+            out = native.decode_attention(q, k, v, self.scaling)  # (N, H, 1, d)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=self.scaling)
         return self.out_proj(self.merge(out))
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,6 +207,7 @@ class EncoderLayer(nn.Module):
         self.act = ACTIVATIONS[config.activation_function]
 
     exact = False  # set by `Bart.exact`
+    fast = False  # set by `Bart.fast`
 
     def forward(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
         """(N, D) packed rows of the batch described by `packing` -> (N, D)."""
@@ -217,6 +233,7 @@ class DecoderLayer(nn.Module):
         self.act = ACTIVATIONS[config.activation_function]
 
     exact = False  # set by `Bart.exact`
+    fast = False  # set by `Bart.fast`
 
     def forward(self, x: torch.Tensor, cross: CrossAttention, cache: KVCache | None, index: int) -> torch.Tensor:
         h = self.self_attn(x, causal=True) if cache is None else self.self_attn.step(x, cache, index)
@@ -269,12 +286,14 @@ class Decoder(nn.Module):
 class Bart(LoggingMixin, nn.Module):
     """BART for conditional generation: `forward` gives logits, `generate` gives token ids.
 
-    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=...)`.
-    `exact` (settable between calls) shapes the arithmetic as transformers shapes it; see
-    `from_pretrained` and `bart_opt.cross_attention`.
+    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=...)`.
+    `exact` (settable between calls) shapes the arithmetic as transformers shapes it; `fast` (settable
+    too) takes the kernels that are faster in half precision at the price of other ids; at most one
+    of the two is on. See `from_pretrained` and `bart_opt.cross_attention`.
     """
 
-    def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False):
+    def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False,
+                 fast: bool = False):
         super().__init__()
         validate_config(config)
         self.config = config
@@ -284,7 +303,8 @@ class Bart(LoggingMixin, nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
-        self.exact = exact
+        self._exact = self._fast = False
+        self.exact, self.fast = exact, fast
         # Loading (`load_state_dict(assign=True)`) replaces the fused projections' parameters: fuse again.
         self.register_load_state_dict_post_hook(lambda module, _: module.fuse_projections())
 
@@ -307,10 +327,26 @@ class Bart(LoggingMixin, nn.Module):
 
     @exact.setter
     def exact(self, value: bool) -> None:
-        self._exact = bool(value)
+        self._set_mode("exact", bool(value))
+
+    @property
+    def fast(self) -> bool:
+        """Whether the faster half-precision kernels are on, at the price of other ids (see `from_pretrained`)."""
+        return self._fast
+
+    @fast.setter
+    def fast(self, value: bool) -> None:
+        self._set_mode("fast", bool(value))
+
+    def _set_mode(self, name: str, value: bool) -> None:
+        """Set `exact` or `fast` here and on every module that follows it; the two exclude each other."""
+        other = "fast" if name == "exact" else "exact"
+        if value and getattr(self, other):
+            raise ValueError(f"{name} and {other} exclude each other: {other} is on")
+        setattr(self, f"_{name}", value)
         for module in self.modules():
-            if module is not self and hasattr(module, "exact"):
-                module.exact = self._exact
+            if module is not self and hasattr(module, name):
+                setattr(module, name, value)
 
     @classmethod
     def from_pretrained(
@@ -319,6 +355,7 @@ class Bart(LoggingMixin, nn.Module):
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = torch.float32,
         exact: bool = False,
+        fast: bool = False,
     ) -> Bart:
         """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache).
 
@@ -330,9 +367,16 @@ class Bart(LoggingMixin, nn.Module):
         less memory and time, the same ids or near-ties resolved differently (rarely on peaked
         distributions in float32, often in half precision or on flat ones; `python -m
         bart_opt.bench_fidelity` measures how often).
+
+        `fast=True` (not with `exact`): the default, plus in half precision padded keys left out of
+        attention, and in bfloat16 on a CPU decoding attention through bart_opt's own kernel, built
+        here on first use (`bart_opt.native`). Faster, with other ids than transformers' in half
+        precision: near-ties as the default's are, but more of them (`bench_fidelity --fast`).
         """
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
-        model.exact = exact
+        model.exact, model.fast = exact, fast
+        if model.fast and model.dtype == torch.bfloat16 and model.device.type == "cpu":
+            native.kernel()  # build (or find cached) now rather than inside the first request
         return model
 
     @property
@@ -394,12 +438,15 @@ class Bart(LoggingMixin, nn.Module):
         Every layer's keys/values are computed now, once per input; `lazy` computes each when
         its layer runs instead (a single teacher-forced pass needs only one layer's at a time).
         """
-        kind = ExactCrossAttention if self.exact else SharedCrossAttention
         attns = [layer.encoder_attn for layer in self.decoder.layers]
+        if self.exact:
+            build = ExactCrossAttention.build
+        else:
+            build = functools.partial(SharedCrossAttention.build, fast=self.fast)
         if lazy:
-            return kind.build(attns, memory, attention_mask, beams, lazy=True)
+            return build(attns, memory, attention_mask, beams, lazy=True)
         with self.log_phase("cross_kv"):
-            return kind.build(attns, memory, attention_mask, beams)
+            return build(attns, memory, attention_mask, beams)
 
     def decode_step(self, ids: torch.Tensor, cross: CrossAttention, cache: KVCache,
                     out: torch.Tensor | None = None) -> torch.Tensor:
@@ -418,9 +465,12 @@ class Bart(LoggingMixin, nn.Module):
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         """A preallocated decoder self-attention cache for `rows` sequences of up to `max_len` positions."""
         c = self.config
+        head_dim = c.d_model // c.decoder_attention_heads
+        # The fast mode's kernel reads a beam's history through a row table: beam steps copy no keys/values.
+        indirect = self.fast and native.handles(self.shared.weight, head_dim)
         return KVCache(
-            c.decoder_layers, rows, c.decoder_attention_heads, max_len, c.d_model // c.decoder_attention_heads,
-            dtype=self.dtype, device=self.device,
+            c.decoder_layers, rows, c.decoder_attention_heads, max_len, head_dim,
+            dtype=self.dtype, device=self.device, indirect=indirect,
         )
 
     @torch.inference_mode()

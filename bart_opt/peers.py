@@ -24,7 +24,7 @@ from bart_opt.spec import GenerationSpec
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """One engine at one precision: ``name`` in transformers, bart_opt, ctranslate2."""
+    """One engine at one precision: ``name`` in transformers, bart_opt, bart_opt_fast (its fast mode), ctranslate2."""
 
     name: str
     dtype: str  # float32, bfloat16, float16 (torch engines); float32, int8 (ctranslate2)
@@ -80,7 +80,7 @@ class TorchEngine:
         else:
             from bart_opt import Bart
 
-            self.model = Bart.from_pretrained(folder, dtype=dtype).eval()
+            self.model = Bart.from_pretrained(folder, dtype=dtype, fast=spec.name == "bart_opt_fast").eval()
         self.batch = None
 
     def prepare(self, docs: list[list[int]]) -> None:

@@ -164,14 +164,16 @@ class Summarizer:
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         exact: bool = False,
+        fast: bool = False,
         **kwargs,
     ) -> Summarizer:
         """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id.
 
         `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
         and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
-        the same device and dtype (see `Bart.from_pretrained`). Other keyword arguments go
-        to the constructor.
+        the same device and dtype; `fast`: the faster half-precision kernels, other summaries
+        (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments go to the
+        constructor.
         """
         from transformers import AutoTokenizer
 
@@ -182,7 +184,7 @@ class Summarizer:
             raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
         dtype = resolve_dtype(dtype, default=torch.float16 if device.type == "cuda" else torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact)
+        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact, fast=fast)
         return cls(model, tokenizer, name=str(name_or_path), max_batch_tokens=max_batch_tokens,
                    max_batch_size=max_batch_size, **kwargs)
 

@@ -119,7 +119,7 @@ class RayJobRunner(JobRunner):
             model=str(model.resolve()) if model.is_dir() else settings.model,
             dtype=None if settings.dtype == "auto" else settings.dtype,
             max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size,
-            max_beams=settings.max_beams, exact=settings.exact,
+            max_beams=settings.max_beams, exact=settings.exact, fast=settings.fast,
         )
         options = ClusterOptions(
             address=settings.ray_address, replicas=settings.ray_replicas,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bart_opt.cache import KVCache
@@ -22,3 +23,51 @@ def test_reorder_equals_a_full_gather_and_leaves_unfilled_positions():
         assert bool((new[:, :, 3:] == -7.0).all())
     cache.reorder(torch.arange(6))  # nothing moved: nothing changes
     assert torch.equal(cache.keys[0][:, :, :3], before[0][:, :, :3].index_select(0, rows))
+
+
+def _histories(cache: KVCache, layer: int) -> torch.Tensor:
+    """(N, H, length, d): every row's keys as attention reads them, through the history table if indirect."""
+    keys = cache.keys[layer][:, :, : cache.length]  # (N, H, L, d)
+    if cache.rows is None:
+        return keys
+    table = cache.history(cache.length).long()  # (N, L)
+    positions = torch.arange(cache.length)
+    return keys[table, :, positions[None, :]].permute(0, 2, 1, 3)  # (N, L, H, d) -> (N, H, L, d)
+
+
+def test_an_indirect_cache_reads_the_same_histories_as_a_copying_one():
+    """Beam steps (reorders), inputs leaving (keep) and appends, applied to both kinds of cache alike."""
+    gen = torch.Generator().manual_seed(0)
+    beams, inputs = 3, 4
+    caches = [KVCache(layers=2, rows=beams * inputs, heads=2, max_len=9, head_dim=4, dtype=torch.float32,
+                      device="cpu", indirect=indirect) for indirect in (False, True)]
+    live = inputs
+    for step in range(8):
+        n = live * beams
+        k, v = torch.randn(n, 2, 1, 4, generator=gen), torch.randn(n, 2, 1, 4, generator=gen)
+        for cache in caches:
+            for layer in range(2):
+                cache.append(layer, k, v)
+            cache.advance(1)
+        # each input's beams continue from parents among its own beams
+        parents = (torch.randint(0, beams, (live, beams), generator=gen) + beams * torch.arange(live)[:, None]).flatten()
+        for cache in caches:
+            cache.reorder(parents)
+        if step in (3, 5):  # the second input leaves, then the last one
+            kept = [i for i in range(live) if i != (1 if step == 3 else live - 1)]
+            rows = (torch.tensor(kept)[:, None] * beams + torch.arange(beams)).flatten()
+            for cache in caches:
+                cache.keep(rows)
+            live -= 1
+        for layer in range(2):
+            assert torch.equal(_histories(caches[0], layer), _histories(caches[1], layer)), (step, layer)
+    assert caches[1].rows.shape[0] == live * beams and caches[1].keys[0].shape[0] == live * beams
+
+
+def test_an_indirect_cache_refuses_to_drop_a_row_a_kept_history_lives_in():
+    cache = KVCache(layers=1, rows=4, heads=1, max_len=3, head_dim=2, dtype=torch.float32, device="cpu", indirect=True)
+    cache.append(0, torch.randn(4, 1, 1, 2), torch.randn(4, 1, 1, 2))
+    cache.advance(1)
+    cache.reorder(torch.tensor([3, 1, 2, 3]))  # row 0 now continues row 3's history
+    with pytest.raises(RuntimeError, match="history lies in a row that is dropped"):
+        cache.keep(torch.tensor([0, 1]))

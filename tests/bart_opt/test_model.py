@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from bart_opt import Bart
+from bart_opt import Bart, native
+from bart_opt.bench_fidelity import SHAPES, Workload, make_inputs, padded
+from bart_opt.cache import KVCache
 from bart_opt.config import UnsupportedConfigError
+from bart_opt.model import Attention
 from tests.bart_opt.reference import batch, reference_model
 
 VARIANTS = {
@@ -141,3 +145,66 @@ def test_unsupported_config_is_refused(make_checkpoint, tmp_path):
         (dst / "config.json").write_text(json.dumps(cfg))
         with pytest.raises(UnsupportedConfigError, match=message):
             Bart.from_pretrained(str(dst))
+
+
+def test_exact_and_fast_exclude_each_other(demo_checkpoint):
+    with pytest.raises(ValueError, match="exclude each other: exact is on"):
+        Bart.from_pretrained(demo_checkpoint, exact=True, fast=True)
+    model = Bart.from_pretrained(demo_checkpoint, fast=True)
+    with pytest.raises(ValueError, match="exact and fast exclude each other: fast is on"):
+        model.exact = True
+    assert model.fast and not model.exact
+    model.fast, model.exact = False, True
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    assert attns and all(a.exact and not a.fast for a in attns)
+
+
+@pytest.mark.skipif(not native.cpu_has_avx512_bf16(), reason="the kernel needs a CPU with AVX512-BF16")
+def test_fast_mode_decodes_through_the_kernel_over_real_keys_only(make_checkpoint, monkeypatch):
+    """bfloat16 at a real width, a padded batch, beam search: every decoding attention call goes to
+    bart_opt's kernel, cross-attention sees each input's real keys only, and no attention call anywhere
+    gets a padding mask."""
+    work = Workload()
+    model = Bart.from_pretrained(make_checkpoint(with_tokenizer=False, init_std=0.2, **SHAPES["d256"]),
+                                 dtype=torch.bfloat16, fast=True)
+    inputs = make_inputs(model.config, work)[: work.batch_size]
+    ids, mask = padded(inputs, model.config.pad_token_id)
+    assert (mask == 0).any()
+    calls, masks = [], []
+    kernel, sdpa = native.decode_attention, F.scaled_dot_product_attention
+
+    def spy_kernel(q, k, v, scale, out=None, rows=None):
+        calls.append((tuple(q.shape), tuple(k.shape), rows is not None))
+        return kernel(q, k, v, scale, out, rows)
+
+    def spy_sdpa(q, k, v, attn_mask=None, **kwargs):
+        masks.append(attn_mask)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(native, "decode_attention", spy_kernel)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy_sdpa)
+    out = model.generate(ids, mask, **work.settings(work.num_beams))
+    assert out.shape[1] > 40
+    layers, heads = model.config.decoder_layers, model.config.decoder_attention_heads
+    cross = [c for c in calls if c[0][0] == 1 and c[0][2] == work.num_beams]  # one input's beams: (1, H, beams, d)
+    self_attention = [c for c in calls if c not in cross]
+    assert {c[1][2] for c in cross} == {len(x) for x in inputs}, "each input's real keys, no padding"
+    assert len(cross) >= len(inputs) * layers * 40 and len(self_attention) >= layers * 40
+    assert all(q[2] == 1 and q[1] == heads for q, _, _ in self_attention)
+    assert all(indirect for _, _, indirect in self_attention), "the cache is read through its history table"
+    assert not any(indirect for _, _, indirect in cross)
+    assert masks and all(m is None for m in masks), "the encoder's attention leaves padded keys out too"
+
+
+@pytest.mark.skipif(not native.cpu_has_avx512_bf16(), reason="the kernel needs a CPU with AVX512-BF16")
+def test_fast_mode_ids_are_the_same_whether_beam_steps_copy_the_cache_or_not(make_checkpoint, monkeypatch):
+    """The indirect cache (a history table instead of copied rows) changes where keys are read, not what."""
+    work = Workload()
+    model = Bart.from_pretrained(make_checkpoint(with_tokenizer=False, init_std=0.2, **SHAPES["d256"]),
+                                 dtype=torch.bfloat16, fast=True)
+    ids, mask = padded(make_inputs(model.config, work)[: work.batch_size], model.config.pad_token_id)
+    indirect = model.generate(ids, mask, **work.settings(work.num_beams))
+    real_init = KVCache.__init__
+    monkeypatch.setattr(KVCache, "__init__", lambda self, *a, **kw: real_init(self, *a, **{**kw, "indirect": False}))
+    assert model.new_cache(4, 8).rows is None
+    assert torch.equal(model.generate(ids, mask, **work.settings(work.num_beams)), indirect)

@@ -40,6 +40,16 @@ def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
     assert load_summarizer(Settings(model=demo_checkpoint, exact=False)).model.exact is False
 
 
+def test_fast_mode_reaches_the_model_and_refuses_exact_beside_it(monkeypatch, demo_checkpoint):
+    from app.service import load_summarizer
+
+    monkeypatch.setenv("BART_OPT_FAST", "true")
+    model = load_summarizer(Settings(model=demo_checkpoint)).model
+    assert model.fast is True and model.exact is False
+    with pytest.raises(ValueError, match="exclude each other"):
+        load_summarizer(Settings(model=demo_checkpoint, exact=True))
+
+
 def test_empty_api_key_means_none(monkeypatch):
     monkeypatch.setenv("BART_OPT_API_KEY", "")
     assert Settings().api_key is None

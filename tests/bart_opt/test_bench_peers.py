@@ -20,9 +20,9 @@ def test_workload_is_twelve_cnn_like_documents():
 
 def test_engines_are_reference_ours_then_peers():
     labels = [s.label for s in bench_peers.engine_specs(["ctranslate2"])]
-    assert labels == ["transformers float32", "bart_opt float32", "bart_opt bfloat16", "ctranslate2 float32",
-                      "ctranslate2 int8"]
-    assert [s.label for s in bench_peers.engine_specs([])] == labels[:3]
+    assert labels == ["transformers float32", "bart_opt float32", "bart_opt bfloat16", "bart_opt_fast bfloat16",
+                      "ctranslate2 float32", "ctranslate2 int8"]
+    assert [s.label for s in bench_peers.engine_specs([])] == labels[:4]
 
 
 def _first(outputs) -> dict:
@@ -65,12 +65,13 @@ def _rows(seconds: dict) -> list[dict]:
 
 def test_targets_and_table():
     seconds = {"transformers float32": 90.0, "bart_opt float32": 12.0, "bart_opt bfloat16": 8.0,
-               "ctranslate2 float32": 12.6, "ctranslate2 int8": 9.0}
+               "bart_opt_fast bfloat16": 6.0, "ctranslate2 float32": 12.6, "ctranslate2 int8": 9.0}
     rows = _rows(seconds)
     goals = bench_peers.targets(rows)
     assert goals["bart_opt_float32_vs_ctranslate2_float32"] == {"speed_ratio": 12.6 / 12.0, "target": 1.0, "met": True}
     assert goals["bart_opt_bfloat16_vs_ctranslate2_int8"]["met"] is False  # 1.125x < 1.3x
-    assert bench_peers.targets(rows[:3]) == {}
+    assert goals["bart_opt_fast_bfloat16_vs_ctranslate2_int8"] == {"speed_ratio": 1.5, "target": 1.3, "met": True}
+    assert bench_peers.targets(rows[:4]) == {}
 
     config = {"model": "random tiny", "docs": 2, "min_doc_len": 40, "max_doc_len": 48, "input_tokens": 88,
               "threads": 2, "repeats": 1, "settings_text": "num_beams 4"}
@@ -79,6 +80,8 @@ def test_targets_and_table():
     assert "| bart_opt | float32 | 12.00 | 1 run | 24.00 | 0.167 | 0.6 | 7.50x | 1.00 GiB | 3.00 MiB | 2/2 |" in table
     assert "| ctranslate2 | int8 | 9.00 | 1 run | 18.00 | 0.222 | 0.8 | 10.00x | 1.00 GiB | 3.00 MiB | 1/2 |" in table
     assert "| bart_opt_bfloat16_vs_ctranslate2_int8 | 1.12x | >= 1.3x | no |" in table
+    assert "| bart_opt_fast bfloat16 |" not in table and "| bart_opt_fast | bfloat16 | 6.00 |" in table
+    assert "| bart_opt_fast_bfloat16_vs_ctranslate2_int8 | 1.50x | >= 1.3x | yes |" in table
 
 
 def test_unknown_peer_is_a_usage_error(capsys):
@@ -117,6 +120,7 @@ def test_tiny_peer_run_end_to_end(tmp_path, capsys):
         assert row["peak_rss_source"] == "VmHWM reset"
     assert rows["transformers float32"]["identical_to_reference"] == 2
     assert rows["bart_opt float32"]["identical_to_reference"] == 2
-    assert set(payload["targets"]) == {"bart_opt_float32_vs_ctranslate2_float32", "bart_opt_bfloat16_vs_ctranslate2_int8"}
+    assert set(payload["targets"]) == {"bart_opt_float32_vs_ctranslate2_float32", "bart_opt_bfloat16_vs_ctranslate2_int8",
+                                       "bart_opt_fast_bfloat16_vs_ctranslate2_int8"}
     printed = capsys.readouterr().out
     assert "| ctranslate2 | int8 |" in printed and "same ids as transformers fp32" in printed

@@ -53,6 +53,17 @@ def test_exact_flag_loads_the_model_in_exact_mode(demo_checkpoint):
         assert load_summarizer(args).model.exact is exact
 
 
+def test_fast_flag_loads_the_model_in_fast_mode_and_excludes_exact(demo_checkpoint, capsys):
+    from bart_opt.cli import build_parser, load_summarizer
+
+    args = build_parser().parse_args(["evaluate", "--model", demo_checkpoint, "--data", "x.jsonl", "--out", "o", "--fast"])
+    model = load_summarizer(args).model
+    assert model.fast is True and model.exact is False
+    with pytest.raises(SystemExit) as stop:
+        build_parser().parse_args(["summarize", "--model", demo_checkpoint, "--fast", "--exact"])
+    assert stop.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
 def test_summarize_reads_stdin(demo_checkpoint, texts, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.StringIO(json.dumps({"text": texts[0]}) + "\n\n"))
     assert main(["summarize", "--model", demo_checkpoint, "-", *GEN]) == 0

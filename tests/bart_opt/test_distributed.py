@@ -130,14 +130,16 @@ def test_a_replica_runs_the_pipeline_of_one_process_and_passes_refused_records_t
     assert sum(len(json.loads(item["rows"])) for item in out) == 5
 
 
-def test_a_replica_loads_the_model_in_exact_mode_when_asked(demo_checkpoint):
+def test_a_replica_loads_the_model_in_exact_or_fast_mode_when_asked(demo_checkpoint):
     spec = Summarizer.from_pretrained(demo_checkpoint).generation_spec(GEN)
     threads = torch.get_num_threads()
     try:
-        replicas = [Replica(ReplicaConfig(model=demo_checkpoint, exact=exact), spec, threads=1) for exact in (False, True)]
+        replicas = [Replica(ReplicaConfig(model=demo_checkpoint, exact=exact, fast=fast), spec, threads=1)
+                    for exact, fast in ((False, False), (True, False), (False, True))]
     finally:
         torch.set_num_threads(threads)
-    assert [replica.summarizer.model.exact for replica in replicas] == [False, True]
+    assert [(r.summarizer.model.exact, r.summarizer.model.fast) for r in replicas] == [(False, False), (True, False),
+                                                                                      (False, True)]
 
 
 def test_evaluate_without_ray_does_not_import_ray(demo_checkpoint, tmp_path):

@@ -1,4 +1,5 @@
-"""Parity at a real width, in every dtype on CPU: exact mode identical, the default at its published agreement.
+"""Parity at a real width, in every dtype on CPU: exact mode identical, the default and the fast mode at
+their published agreement.
 
 The batch is the first padded batch of 8 of the published fidelity workload (README, "Exact mode
 and fidelity"; `python -m bart_opt.bench_fidelity --shape d256 --threads 1`): d_model 256, 3+3
@@ -20,6 +21,9 @@ WORK = Workload()
 # transformers score gap of a default output that differed (over all 40 inputs).
 PUBLISHED_DEFAULT_IDENTICAL = {"float32": 8, "float16": 6, "bfloat16": 3}
 PUBLISHED_MAX_SCORE_GAP = {"float32": 0.0, "float16": 2.4e-3, "bfloat16": 2.5e-3}
+# The same for the fast mode (beam search; in float32 it is the default mode, tested as such).
+PUBLISHED_FAST_IDENTICAL = {"float16": 2, "bfloat16": 0}
+PUBLISHED_FAST_MAX_SCORE_GAP = {"float16": 5.3e-3, "bfloat16": 6.7e-3}
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def one_thread():
 
 @pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
 def run(request, checkpoint):
-    """transformers' and both modes' outputs for the batch, greedy and beam, in one dtype."""
+    """transformers' and the three modes' outputs for the batch, greedy and beam, in one dtype."""
     dtype = getattr(torch, request.param)
     hf = BartForConditionalGeneration.from_pretrained(checkpoint, dtype=dtype).eval()
     ours = Bart.from_pretrained(checkpoint, dtype=dtype)
@@ -49,8 +53,9 @@ def run(request, checkpoint):
         kwargs = WORK.settings(beams)
         with torch.inference_mode():
             out[search, "transformers"] = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
-        for mode in ("exact", "default"):
-            ours.exact = mode == "exact"
+        for mode in ("exact", "default", "fast"):
+            ours.exact = ours.fast = False
+            ours.exact, ours.fast = mode == "exact", mode == "fast"
             out[search, mode] = ours.generate(ids, mask, **kwargs)
     return out
 
@@ -69,10 +74,26 @@ def test_default_mode_keeps_its_published_agreement(run):
     got = [strip(row, pad) for row in run["beam", "default"]]
     identical = sum(a == b for a, b in zip(expected, got))
     assert identical >= PUBLISHED_DEFAULT_IDENTICAL[run["dtype"]], f"{identical}/8 in {run['dtype']}"
-    # Every output that differs is a near-tie under transformers' own scoring.
+    _assert_near_ties(run, expected, got, PUBLISHED_MAX_SCORE_GAP[run["dtype"]])
+
+
+def test_fast_mode_keeps_its_published_agreement(run):
+    if run["dtype"] == "float32":  # the fast mode changes nothing in float32
+        assert all(torch.equal(run[search, "fast"], run[search, "default"]) for search in ("beam", "greedy"))
+        return
+    pad = run["ours"].config.pad_token_id
+    expected = [strip(row, pad) for row in run["beam", "transformers"]]
+    got = [strip(row, pad) for row in run["beam", "fast"]]
+    identical = sum(a == b for a, b in zip(expected, got))
+    assert identical >= PUBLISHED_FAST_IDENTICAL[run["dtype"]], f"{identical}/8 in {run['dtype']}"
+    _assert_near_ties(run, expected, got, PUBLISHED_FAST_MAX_SCORE_GAP[run["dtype"]])
+
+
+def _assert_near_ties(run, expected, got, bound: float) -> None:
+    """Every output that differs is a near-tie under transformers' own scoring: a gap of at most `bound`."""
     settings = run["ours"].generation_spec(WORK.settings(WORK.num_beams))
     for i, (a, b) in enumerate(zip(expected, got)):
         if a != b:
             gap = abs(sequence_score(run["hf"], run["inputs"][i], a, settings, "cpu")
                       - sequence_score(run["hf"], run["inputs"][i], b, settings, "cpu"))
-            assert gap <= PUBLISHED_MAX_SCORE_GAP[run["dtype"]], (run["dtype"], i, gap)
+            assert gap <= bound, (run["dtype"], i, gap)

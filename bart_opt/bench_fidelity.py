@@ -158,15 +158,17 @@ def compare(reference, other, inputs, hf, spec, device) -> Comparison:
 
 
 def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: Workload,
-                  modes=MODES, self_consistency: bool = True, greedy: bool = True) -> dict:
-    """Every comparison for one dtype: {"beam": {...}, "greedy": {...}, "seconds": {...}}."""
+                  modes=MODES, self_consistency: bool = True, greedy: bool = True, float32_reference: bool = True) -> dict:
+    """Every comparison for one dtype: {"beam": {...}, "greedy": {...}, "seconds": {...}}; in half precision
+    with `float32_reference` also each engine against transformers float32 (under "vs_float32")."""
     from transformers import BartForConditionalGeneration
 
     from bart_opt import Bart
 
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
     # Half precision is also held against float32 transformers, the closest thing to the true output.
-    hf32 = None if dtype == torch.float32 else BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
+    hf32 = (BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
+            if float32_reference and dtype != torch.float32 else None)
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)

@@ -82,8 +82,8 @@ def check_parity(device: torch.device, plan: Plan, workdir: Path) -> list[Outcom
                                        init_std=0.02)
     outcomes = []
     for name in plan.parity_dtypes:
-        report = measure_dtype(folder, getattr(torch, name), device, plan.parity_work,
-                               self_consistency=plan.self_consistency)
+        report = measure_dtype(folder, getattr(torch, name), device, plan.parity_work, modes=("default", "exact"),
+                               self_consistency=plan.self_consistency, float32_reference=False)
         exact = [report[search]["exact"] for search in ("beam", "greedy")]
         default = report["beam"]["default"]
         ok = all(c["identical"] == c["total"] for c in exact)

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BartConfig, GenerationConfig
 
+from bart_opt import native
 from bart_opt.cache import KVCache
 from bart_opt.config import ACTIVATIONS, validate_config
 from bart_opt.cross_attention import CrossAttention, ExactCrossAttention, SharedCrossAttention
@@ -47,7 +48,6 @@ from bart_opt.generation import Cancelled, generate
 from bart_opt.inputs import check_inputs, shift_right
 from bart_opt.kernels import Linear, linear, uses_onednn
 from bart_opt.loading import load_pretrained
-from bart_opt import native
 from bart_opt.memory import LoggingMixin
 from bart_opt.packing import Packing, skips_padded_keys
 from bart_opt.spec import GenerationSpec
@@ -156,12 +156,10 @@ class Attention(nn.Module):
         q, k, v = (self.split(t) for t in self.project(x))  # (N, H, T, d) each
         k, v = cache.append(layer, k, v)  # (N, H, L, d)
         # T == 1 while decoding: the new token may see every cached position, so no mask is needed.
-        if cache.rows is not None:  # indirect (fast mode): only bart_opt's kernel follows its history table
+        if cache.rows is not None:  # indirect (the fast mode): only bart_opt's kernel follows its history table
             if q.shape[2] != 1:
                 raise RuntimeError("an indirect KVCache is read one new position at a time")
             out = native.decode_attention(q, k, v, self.scaling, rows=cache.history(k.shape[2]))  # (N, H, 1, d)
-        elif self.fast and q.shape[2] == 1 and native.handles(q, self.head_dim):
-            out = native.decode_attention(q, k, v, self.scaling)  # (N, H, 1, d)
         else:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=self.scaling)
         return self.out_proj(self.merge(out))
@@ -207,7 +205,6 @@ class EncoderLayer(nn.Module):
         self.act = ACTIVATIONS[config.activation_function]
 
     exact = False  # set by `Bart.exact`
-    fast = False  # set by `Bart.fast`
 
     def forward(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
         """(N, D) packed rows of the batch described by `packing` -> (N, D)."""
@@ -233,7 +230,6 @@ class DecoderLayer(nn.Module):
         self.act = ACTIVATIONS[config.activation_function]
 
     exact = False  # set by `Bart.exact`
-    fast = False  # set by `Bart.fast`
 
     def forward(self, x: torch.Tensor, cross: CrossAttention, cache: KVCache | None, index: int) -> torch.Tensor:
         h = self.self_attn(x, causal=True) if cache is None else self.self_attn.step(x, cache, index)
@@ -347,6 +343,8 @@ class Bart(LoggingMixin, nn.Module):
         for module in self.modules():
             if module is not self and hasattr(module, name):
                 setattr(module, name, value)
+        if self._fast and self.dtype == torch.bfloat16 and self.device.type == "cpu":
+            native.kernel()  # built (or found cached) now, not inside the first request or a timed call
 
     @classmethod
     def from_pretrained(
@@ -371,12 +369,10 @@ class Bart(LoggingMixin, nn.Module):
         `fast=True` (not with `exact`): the default, plus in half precision padded keys left out of
         attention, and in bfloat16 on a CPU decoding attention through bart_opt's own kernel, built
         here on first use (`bart_opt.native`). Faster, with other ids than transformers' in half
-        precision: near-ties as the default's are, but more of them (`bench_fidelity --fast`).
+        precision: near-ties as the default's are, but more of them (`python -m bart_opt.bench_fidelity`).
         """
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
         model.exact, model.fast = exact, fast
-        if model.fast and model.dtype == torch.bfloat16 and model.device.type == "cpu":
-            native.kernel()  # build (or find cached) now rather than inside the first request
         return model
 
     @property

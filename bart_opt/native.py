@@ -50,7 +50,9 @@ def kernel():
     from torch.utils.cpp_extension import load
 
     try:
-        return load("bart_opt_decode_attention", [str(SOURCE)], extra_cflags=["-O3", "-march=native"])
+        # For any CPU with AVX512-BF16 (not -march=native: torch's build cache is keyed on source and flags,
+        # so a cache shared across machines must not hold code for one CPU model only).
+        return load("bart_opt_decode_attention", [str(SOURCE)], extra_cflags=["-O3", "-mavx512f", "-mavx512bf16"])
     except Exception as error:  # a missing compiler or ninja shows as one of several error types
         log.warning("fast mode: building bart_opt's attention kernel failed (%s); decoding attention uses "
                     "torch's kernel", str(error).splitlines()[0] if str(error) else type(error).__name__)
@@ -65,11 +67,13 @@ def handles(x: torch.Tensor, head_dim: int) -> bool:
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                      out: torch.Tensor | None = None, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v without a mask: q (G, H, M, d), k and v (G', H, N, d), any strides with
+    """softmax(q k^T * scale) v without a mask: q (G, H, M, d), k and v (G, H, N, d), any strides with
     a contiguous last dimension; written into `out` (G, H, M, d) when given, else into a new tensor laid
-    out (G, M, H, d) underneath so that merging the heads is a view. `rows` (G, N) int32: position j of
-    group g is read from group `rows[g, j]` of k and v (an indirect cache, `bart_opt.cache.KVCache`);
-    without it G' = G. Only where `handles(q, d)`."""
+    out (G, M, H, d) underneath so that merging the heads is a view. `rows` (G, N) int32, rows contiguous:
+    position j of group g is read from group `rows[g, j]` of k and v (an indirect cache,
+    `bart_opt.cache.KVCache`). Only where `handles(q, d)`; elsewhere a RuntimeError."""
+    if kernel() is None:
+        raise RuntimeError("bart_opt's attention kernel is not available here (see the warning logged by bart_opt.native)")
     if out is None:
         g, h, m, d = q.shape
         out = q.new_empty(g, m, h, d).transpose(1, 2)  # (G, H, M, d) view of (G, M, H, d)

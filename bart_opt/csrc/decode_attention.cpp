@@ -3,8 +3,9 @@
 // A decoder step asks few queries of many keys: per (row, head), one query against the cached
 // positions (self-attention), or one input's beams against its encoder states (cross-attention).
 // torch's half-precision flash kernel spends most of such a call setting up per-head products.
-// This kernel reads each key and value row once for all queries of its head and keeps every
-// intermediate in float32: scores (bfloat16 pairs multiplied and summed in float32 by
+// This kernel takes up to 4 queries of a head at a time through its keys and values (16 keys a
+// step, their dot products summed across lanes in one transpose) and keeps every intermediate in
+// float32: scores (bfloat16 pairs multiplied and summed in float32 by
 // vdpbf16ps), softmax, the weighted sum of values; only the output is rounded to bfloat16, once.
 //
 // Inputs are strided views whose last dimension d (32, 64, 96 or 128; BART's is 64) is contiguous:
@@ -32,7 +33,7 @@ constexpr int64_t kQueryBlock = 4;  // queries sharing each key/value row load
 // exp(x) for x <= 0 (scores minus their maximum), to about one float32 ulp: 2^n * p(r) with
 // r = x - n*ln2 in [-ln2/2, ln2/2] and p the degree-7 Taylor polynomial of exp.
 inline __m512 exp_nonpositive(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));  // below, exp underflows float32 anyway
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), x);  // below, exp underflows float32 anyway; NaN stays NaN
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts
@@ -164,10 +165,12 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torc
   TORCH_CHECK(k.size(0) == g && v.size(0) == g && k.size(1) == h && v.size(1) == h && v.size(2) == n && n > 0,
               "decode_attention: keys/values must match the queries' (G, H) and each other");
   TORCH_CHECK(out.size(0) == g && out.size(1) == h && out.size(2) == m, "decode_attention: out must be (G, H, M, d)");
+  TORCH_CHECK((g == 1 || out.stride(0) != 0) && (h == 1 || out.stride(1) != 0) && (m == 1 || out.stride(2) != 0),
+              "decode_attention: out must not overlap itself");
   const int32_t* table = nullptr;
   int64_t rows_stride = 0;
   if (rows) {
-    TORCH_CHECK(rows->scalar_type() == torch::kInt && rows->dim() == 2 && rows->size(0) == g && rows->size(1) == n &&
+    TORCH_CHECK(rows->device().is_cpu() && rows->scalar_type() == torch::kInt && rows->dim() == 2 && rows->size(0) == g && rows->size(1) == n &&
                     rows->stride(1) == 1, "decode_attention: rows must be a (G, N) int32 table, rows contiguous");
     TORCH_CHECK(rows->numel() == 0 || (rows->min().item<int32_t>() >= 0 && rows->max().item<int32_t>() < g),
                 "decode_attention: rows must name groups of k and v");
@@ -187,5 +190,5 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torc
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("decode_attention", &decode_attention, "softmax(q k^T * scale) v into out; see the file's header",
              pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("out"), pybind11::arg("scale"),
-             pybind11::arg("rows") = pybind11::none());
+             pybind11::arg("rows") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());
 }

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import BartForConditionalGeneration
 
-from bart_opt import Bart
+from bart_opt import Bart, native
 from bart_opt.bench_fidelity import SHAPES, Workload, make_inputs, padded, sequence_score, strip
 
 WORK = Workload()
@@ -81,6 +81,8 @@ def test_fast_mode_keeps_its_published_agreement(run):
     if run["dtype"] == "float32":  # the fast mode changes nothing in float32
         assert all(torch.equal(run[search, "fast"], run[search, "default"]) for search in ("beam", "greedy"))
         return
+    if run["dtype"] == "bfloat16" and native.kernel() is None:
+        pytest.skip("the bfloat16 figures were measured with bart_opt's kernel, which is not available here")
     pad = run["ours"].config.pad_token_id
     expected = [strip(row, pad) for row in run["beam", "transformers"]]
     got = [strip(row, pad) for row in run["beam", "fast"]]

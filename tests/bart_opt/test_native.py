@@ -11,7 +11,16 @@ import torch.nn.functional as F
 
 from bart_opt import native
 
-needs_kernel = pytest.mark.skipif(not native.cpu_has_avx512_bf16(), reason="the kernel needs a CPU with AVX512-BF16")
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Skips where the kernel cannot run: a CPU without AVX512-BF16, or no C++ compiler (warned by native)."""
+    if native.kernel() is None:
+        pytest.skip("bart_opt's attention kernel is not available here (no AVX512-BF16 or no compiler)")
+
+
+needs_kernel = pytest.mark.usefixtures("built")
 
 
 def _inputs(g: int, h: int, m: int, n: int, d: int, capacity: int | None = None, spread: float = 1.0, seed: int = 0):
@@ -101,6 +110,29 @@ def test_refuses_what_it_was_not_built_for():
         native.decode_attention(q[..., :48], k[..., :48], v[..., :48], 0.125)
     with pytest.raises(RuntimeError, match="match"):
         native.decode_attention(q, k[:, :1], v, 0.125)
+    with pytest.raises(RuntimeError, match="contiguous last dimension"):
+        native.decode_attention(q, k.transpose(2, 3), v, 0.125)
+    with pytest.raises(RuntimeError, match="overlap"):
+        native.decode_attention(q, k, v, 0.125, out=q.new_empty(1, 1, 1, 64).expand(1, 2, 1, 64))
+
+
+@needs_kernel
+def test_a_row_table_reads_each_position_from_the_row_it_names():
+    """rows[g, j] = r: position j of row g is row r's (an indirect cache after beam steps); the result equals
+    the kernel's on the gathered keys and values, bit for bit."""
+    g, n = 6, 23
+    q, k, v = _inputs(g, 4, 1, n, 64, capacity=30)
+    rows = torch.randint(0, g, (g, 30), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+    positions = torch.arange(n)
+    gather = lambda t: t[rows[:, :n].long(), :, positions[None, :]].permute(0, 2, 1, 3)  # noqa: E731  (G, H, N, d)
+    expected = native.decode_attention(q, gather(k), gather(v), 0.125)
+    assert torch.equal(native.decode_attention(q, k, v, 0.125, rows=rows[:, :n]), expected)
+    bad = rows[:, :n].clone()
+    bad[2, 5] = g
+    with pytest.raises(RuntimeError, match="must name groups"):
+        native.decode_attention(q, k, v, 0.125, rows=bad)
+    with pytest.raises(RuntimeError, match="int32 table"):
+        native.decode_attention(q, k, v, 0.125, rows=rows[:, :n].long())
 
 
 @needs_kernel
@@ -125,6 +157,9 @@ def test_without_avx512_bf16_there_is_no_kernel_and_a_warning(fresh_kernel, monk
         assert native.kernel() is None
         assert not native.handles(torch.zeros(1, dtype=torch.bfloat16), 64)
     assert "lacks AVX512-BF16" in caplog.text
+    q, k, v = _inputs(1, 2, 1, 8, 64)
+    with pytest.raises(RuntimeError, match="not available here"):
+        native.decode_attention(q, k, v, 0.125)
 
 
 def test_a_failed_build_falls_back_with_the_reason(fresh_kernel, monkeypatch, caplog):

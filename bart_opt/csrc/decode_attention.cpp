@@ -12,9 +12,9 @@
 //   q   (G, H, M, d)  queries
 //   k   (G, H, N, d)  keys;  v likewise
 //   out (G, H, M, d)  written in place (any strides), e.g. a transposed (G, M, H, d) buffer.
-//   rows (G, N) int32 (rows contiguous), optional: key/value position j of group g lives in group rows[g][j] of k and v
-//        (a beam's history in a self-attention cache that beam search reorders by this table instead
-//        of by copying the cache's rows).
+//   rows (G, N) int32 (rows contiguous), optional: key/value position j of group g lives in group
+//        rows[g][j] of k and v (a beam's history in a self-attention cache that beam search reorders
+//        by this table instead of by copying the cache's rows).
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -28,7 +28,7 @@
 
 namespace {
 
-constexpr int64_t kQueryBlock = 4;  // queries sharing each key/value row load
+constexpr int64_t kQueryBlock = 4;  // queries taken through the keys and values together (one value row load)
 
 // exp(x) for x <= 0 (scores minus their maximum), to about one float32 ulp: 2^n * p(r) with
 // r = x - n*ln2 in [-ln2/2, ln2/2] and p the degree-7 Taylor polynomial of exp.
@@ -39,7 +39,8 @@ inline __m512 exp_nonpositive(__m512 x) {
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);  // ln2 in two parts
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
   __m512 p = _mm512_set1_ps(1.f / 5040);
-  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
   return _mm512_scalef_ps(p, n);
 }
 
@@ -48,7 +49,8 @@ inline __m512 exp_nonpositive(__m512 x) {
 inline __m512 sum_lanes16(const __m512 x[16]) {
   __m512 pairs[8], quads[4], halves[2];
   for (int i = 0; i < 8; ++i)  // each 128-bit lane: x[2i], x[2i+1] interleaved, two partial sums each
-    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
+    pairs[i] =
+        _mm512_add_ps(_mm512_unpacklo_ps(x[2 * i], x[2 * i + 1]), _mm512_unpackhi_ps(x[2 * i], x[2 * i + 1]));
   for (int i = 0; i < 4; ++i) {  // each 128-bit lane: x[4i..4i+3], one partial sum each
     const __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
     quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
@@ -103,7 +105,8 @@ void attend_block(const uint16_t* q, int64_t qs, int64_t mb, const Positions& k,
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < n; j += 16) {
       const __mmask16 live = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
-      const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), max)));
+      const __m512 shifted = _mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + j), max);
+      const __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive(shifted));
       _mm512_mask_storeu_ps(row + j, live, e);
       sum = _mm512_add_ps(sum, e);
     }
@@ -113,7 +116,8 @@ void attend_block(const uint16_t* q, int64_t qs, int64_t mb, const Positions& k,
   for (auto& a : acc) for (auto& part : a) part = _mm512_setzero_ps();
   for (int64_t j = 0; j < n; ++j) {
     __m512 value[kFloats];  // value row j widened to float32 (exact)
-    for (int c = 0; c < kFloats; ++c) value[c] = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(v[j] + 16 * c)));
+    for (int c = 0; c < kFloats; ++c)
+      value[c] = _mm512_cvtpbh_ps((__m256bh)_mm256_loadu_si256((const __m256i*)(v[j] + 16 * c)));
     for (int64_t m = 0; m < mb; ++m) {
       const __m512 weight = _mm512_set1_ps(scores[m * n + j]);
       for (int c = 0; c < kFloats; ++c) acc[m][c] = _mm512_fmadd_ps(weight, value[c], acc[m][c]);
@@ -122,7 +126,8 @@ void attend_block(const uint16_t* q, int64_t qs, int64_t mb, const Positions& k,
   for (int64_t m = 0; m < mb; ++m) {  // normalize, round to bfloat16 (to nearest even) once
     const __m512 inverse = _mm512_set1_ps(1.f / total[m]);
     for (int c = 0; c < kFloats; ++c)
-      _mm256_storeu_si256((__m256i*)(out + m * os + 16 * c), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[m][c], inverse)));
+      _mm256_storeu_si256((__m256i*)(out + m * os + 16 * c),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[m][c], inverse)));
   }
 }
 
@@ -160,7 +165,8 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torc
                 "decode_attention takes 4-d bfloat16 CPU tensors");
     TORCH_CHECK(t->size(3) == q.size(3) && t->stride(3) == 1, "decode_attention needs one contiguous last dimension");
   }
-  TORCH_CHECK(q.size(3) > 0 && q.size(3) % 32 == 0 && q.size(3) <= 128, "decode_attention takes heads 32, 64, 96 or 128 wide");
+  TORCH_CHECK(q.size(3) > 0 && q.size(3) % 32 == 0 && q.size(3) <= 128,
+              "decode_attention takes heads 32, 64, 96 or 128 wide");
   const int64_t g = q.size(0), h = q.size(1), m = q.size(2), n = k.size(2);
   TORCH_CHECK(k.size(0) == g && v.size(0) == g && k.size(1) == h && v.size(1) == h && v.size(2) == n && n > 0,
               "decode_attention: keys/values must match the queries' (G, H) and each other");
@@ -170,8 +176,9 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torc
   const int32_t* table = nullptr;
   int64_t rows_stride = 0;
   if (rows) {
-    TORCH_CHECK(rows->device().is_cpu() && rows->scalar_type() == torch::kInt && rows->dim() == 2 && rows->size(0) == g && rows->size(1) == n &&
-                    rows->stride(1) == 1, "decode_attention: rows must be a (G, N) int32 table, rows contiguous");
+    TORCH_CHECK(rows->device().is_cpu() && rows->scalar_type() == torch::kInt && rows->dim() == 2 &&
+                    rows->size(0) == g && rows->size(1) == n && rows->stride(1) == 1,
+                "decode_attention: rows must be a (G, N) int32 table, rows contiguous");
     TORCH_CHECK(rows->numel() == 0 || (rows->min().item<int32_t>() >= 0 && rows->max().item<int32_t>() < g),
                 "decode_attention: rows must name groups of k and v");
     table = rows->data_ptr<int32_t>();

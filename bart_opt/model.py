@@ -334,6 +334,20 @@ class Bart(LoggingMixin, nn.Module):
     def fast(self, value: bool) -> None:
         self._set_mode("fast", bool(value))
 
+    @property
+    def mode(self) -> str:
+        """"default", "exact" or "fast"; setting it turns the other modes off first."""
+        return "exact" if self._exact else "fast" if self._fast else "default"
+
+    @mode.setter
+    def mode(self, value: str) -> None:
+        if value not in ("default", "exact", "fast"):
+            raise ValueError(f"mode {value!r} is not one of 'default', 'exact', 'fast'")
+        self._set_mode("exact", False)
+        self._set_mode("fast", False)
+        if value != "default":
+            self._set_mode(value, True)
+
     def _set_mode(self, name: str, value: bool) -> None:
         """Set `exact` or `fast` here and on every module that follows it; the two exclude each other."""
         other = "fast" if name == "exact" else "exact"

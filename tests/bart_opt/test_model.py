@@ -156,6 +156,10 @@ def test_exact_and_fast_exclude_each_other(demo_checkpoint):
     model.fast, model.exact = False, True
     attns = [m for m in model.modules() if isinstance(m, Attention)]
     assert attns and all(a.exact and not a.fast for a in attns)
+    model.mode = "fast"  # the other mode is turned off first
+    assert (model.mode, model.exact) == ("fast", False) and all(a.fast and not a.exact for a in attns)
+    with pytest.raises(ValueError, match="not one of"):
+        model.mode = "quick"
 
 
 def test_fast_mode_decodes_through_the_kernel_over_real_keys_only(make_checkpoint, monkeypatch):

@@ -339,11 +339,20 @@ def measure_overhead(model, batch: dict, device: torch.device, repeats: int) -> 
     }
 
 
+def describe_batches(config: dict) -> str:
+    """The batches the run's tasks used, as the table's title gives them."""
+    batches = [f"{config['batch_size']} inputs padded to {config['max_len']} tokens"]
+    throughput = (config["throughput_batch_size"], config["throughput_max_len"])
+    if "throughput_cnn" in config["tasks"] and throughput != (config["batch_size"], config["max_len"]):
+        other = f"throughput_cnn: {throughput[0]} inputs padded to {throughput[1]} tokens"
+        batches = [other] if config["tasks"] == ["throughput_cnn"] else [*batches, other]
+    return "; ".join(batches)
+
+
 def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dict | None) -> str:
     """Markdown: one row per engine and task, then the ratios, then logging overhead."""
     lines = [
-        f"### bart-opt bench: {config['model']} on {config['device']} ({config['dtype']}), "
-        f"{config['batch_size']} inputs padded to {config['max_len']} tokens",
+        f"### bart-opt bench: {config['model']} on {config['device']} ({config['dtype']}), {describe_batches(config)}",
         f"weights: {format_bytes(results[0]['weights_bytes'])} per engine; memory = peak above weights and inputs "
         f"({results[0]['peak_source']}); time = " + (f"best of {config['repeats']} timed run(s)" if config["repeats"]
                                                  else "the memory run (counter on)"),

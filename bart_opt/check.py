@@ -133,11 +133,12 @@ def _real_cuda_oom(summarizer, texts, settings, device: torch.device) -> Outcome
     total = torch.cuda.get_device_properties(device).total_memory
     cap = base + int(0.75 * whole)
     torch.cuda.empty_cache()
-    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    index = device.index  # None (a plain "cuda") is the current device; the fraction setter refuses the device itself
+    torch.cuda.set_per_process_memory_fraction(cap / total, index)
     try:
         result = summarizer.summarize(texts, **settings)
     finally:
-        torch.cuda.set_per_process_memory_fraction(1.0, device)
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
         torch.cuda.empty_cache()
     summarized = sum(e is None for e in result.errors)
     ok = result.oom_splits >= 1 and summarized == len(texts)

@@ -1,10 +1,10 @@
-"""The decoder's cross-attention state, and the two ways of computing cross-attention over it.
+"""The decoder's cross-attention state, and the three ways of computing cross-attention over it.
 
-Both modes keep every decoder layer's cross-attention keys and values once per input for the
+All three keep every decoder layer's cross-attention keys and values once per input for the
 whole of a generate call; inputs that finish may leave the state (`keep`). They differ in how
 the arithmetic is shaped:
 
-* `SharedCrossAttention` (the default): keys/values are kept per input, so that an input that
+* `SharedCrossAttention` (the default on a CPU): keys/values are kept per input, so that an input that
   leaves the batch frees its own tensors without copying the others'; in float32 they cover
   its real encoder states only, (1, H, n_i, d), so padding is neither stored nor attended to
   (half precision keeps and masks it, except in the fast mode: `bart_opt.packing.skips_padded_keys`).
@@ -14,6 +14,10 @@ the arithmetic is shaped:
   differently in the last bits, and beam search can turn such a difference into another
   (near-tied) hypothesis. The fast mode runs those calls through bart_opt's own bfloat16 kernel
   (`bart_opt.native`) where it can.
+* `BatchedCrossAttention` (the default, and the fast mode, off the CPU): the same folding of
+  beams into queries, in one call for the whole batch against (B, H, S, d) keys/values with the
+  padded keys masked, because there a call per input costs a kernel launch per input
+  (`bart_opt.packing.attends_per_input`).
 * `ExactCrossAttention` (`exact=True`): the kernels get the inputs transformers' BART gives them
   during beam search, which expands the encoder output per beam and caches contiguous per-beam
   keys/values: the projections run on the per-beam copy of the encoder states (same
@@ -26,6 +30,7 @@ the arithmetic is shaped:
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -125,8 +130,61 @@ class SharedCrossAttention:
         return attn.out_proj(out.view(n, t, d_model))  # (B*beams, T, D)
 
 
-class ExactCrossAttention:
+class BatchedCrossAttention:
+    """The default mode off the CPU: every input in one attention call (`bart_opt.packing.attends_per_input`).
+
+    Build it with `build`. `kv[layer]` holds decoder layer `layer`'s keys and values, (B, H, S, d)
+    each (views of the fused key/value product), once per input, padding included; the beams of
+    an input are folded into the query axis, as in `SharedCrossAttention`, and padded keys are
+    masked. An input that leaves (`keep`) costs a copy of the others' keys/values, one layer at a
+    time: on a GPU that is a fraction of a millisecond, where per-input calls cost a kernel launch
+    per input, layer and step.
+    """
+
+    def __init__(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None,
+                 beams: int):
+        self.kv = kv
+        self.beams = beams
+        self.pad_mask = None if attention_mask is None else attention_mask.bool()  # (B, S) True = token
+
+    @classmethod
+    def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
+              lazy: bool = False) -> Self:
+        """As `SharedCrossAttention.build`, with one (B, H, S, d) pair per layer made by `cls.project`."""
+        def project(attn) -> tuple[torch.Tensor, torch.Tensor]:
+            return cls.project(attn, memory, beams)
+
+        kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
+        return cls(kv, attention_mask, beams)
+
+    @staticmethod
+    def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values (B, H, S, d) from the encoder states (B, S, D)."""
+        return attn.keys_values(memory)
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
+        for i, (k, v) in enumerate(self.kv):
+            self.kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
+        if self.pad_mask is not None:
+            self.pad_mask = self.pad_mask.index_select(0, rows)
+
+    def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """Attention module `attn` of decoder layer `layer` applied to queries `x` (B*beams, T, D)."""
+        n, t, d_model = x.shape
+        k, v = self.kv[layer]  # (B, H, S, d)
+        b = k.shape[0]
+        q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
+        mask = None if self.pad_mask is None else self.pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # (B, H, beams*T, d)
+        return attn.out_proj(out.transpose(1, 2).reshape(n, t, d_model))  # (B*beams, T, D)
+
+
+class ExactCrossAttention(BatchedCrossAttention):
     """Cross-attention shaped as transformers shapes it, for bit-identical outputs.
+
+    It keeps its state as `BatchedCrossAttention` does (and reuses its `build` and `keep`); what it
+    changes is how the keys/values are projected and how a call reads them.
 
     Build it with `build`. `kv[layer]` holds decoder layer `layer`'s keys and values, (B, H, S, d)
     each, once per input between calls; a call copies the one layer it needs into a
@@ -136,21 +194,9 @@ class ExactCrossAttention:
 
     def __init__(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None,
                  beams: int):
-        self.kv = kv
-        self.beams = beams
-        self.pad_mask = None if attention_mask is None else attention_mask.bool()  # (B, S) True = token
+        super().__init__(kv, attention_mask, beams)
         self._row_masks: dict[int, torch.Tensor] = {}
         self._per_beam: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    @classmethod
-    def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
-              lazy: bool = False) -> ExactCrossAttention:
-        """As `SharedCrossAttention.build`, with transformers' padded per-beam layout."""
-        def project(attn) -> tuple[torch.Tensor, torch.Tensor]:
-            return cls.project(attn, memory, beams)
-
-        kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
-        return cls(kv, attention_mask, beams)
 
     @staticmethod
     def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,10 +213,7 @@ class ExactCrossAttention:
 
     def keep(self, rows: torch.Tensor) -> None:
         """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
-        for i, (k, v) in enumerate(self.kv):
-            self.kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
-        if self.pad_mask is not None:
-            self.pad_mask = self.pad_mask.index_select(0, rows)
+        super().keep(rows)
         self._row_masks.clear()
         self._per_beam = None
 
@@ -202,4 +245,4 @@ class ExactCrossAttention:
         return attn.out_proj(attn.merge(out))  # (B*beams, T, D)
 
 
-CrossAttention = SharedCrossAttention | ExactCrossAttention
+CrossAttention = SharedCrossAttention | BatchedCrossAttention | ExactCrossAttention

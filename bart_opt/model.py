@@ -22,10 +22,11 @@ transformers gives it instead: MKL's products (on packed rows: a row rounds alik
 count from 17 up), padded attention rectangles with a materialized `(B, 1, S, S)` encoder mask,
 per-beam cross-attention keys/values (one layer at a time), un-chunked feed-forward blocks.
 
-`fast=True` goes the other way from the default: half precision leaves padded keys out as float32
-does, and in bfloat16 on a CPU with AVX512-BF16 decoding attention runs through bart_opt's own
+`fast=True` goes the other way from the default: on a CPU, half precision leaves padded keys out as
+float32 does, and in bfloat16 on a CPU with AVX512-BF16 decoding attention runs through bart_opt's own
 kernel (`bart_opt.native`). Its ids are not transformers' (nor the default's); their agreement
-with float32 is measured and published.
+with float32 is measured and published. On a GPU it is the default mode: there attention makes one
+call for the whole batch, padded keys masked (`bart_opt.packing.attends_per_input`).
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ from transformers import BartConfig, GenerationConfig
 from bart_opt import native
 from bart_opt.cache import KVCache
 from bart_opt.config import ACTIVATIONS, validate_config
-from bart_opt.cross_attention import CrossAttention, ExactCrossAttention, SharedCrossAttention
+from bart_opt.cross_attention import (
+    BatchedCrossAttention,
+    CrossAttention,
+    ExactCrossAttention,
+    SharedCrossAttention,
+)
 from bart_opt.generation import Cancelled, generate
 from bart_opt.inputs import check_inputs, shift_right
 from bart_opt.kernels import Linear, linear, uses_onednn
 from bart_opt.loading import load_pretrained
 from bart_opt.memory import LoggingMixin
-from bart_opt.packing import Packing, skips_padded_keys
+from bart_opt.packing import Packing, attends_per_input, skips_padded_keys
 from bart_opt.spec import GenerationSpec
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
@@ -127,15 +133,20 @@ class Attention(nn.Module):
 
         Exact mode attends as transformers' padded batch does: every position a query, padded
         keys masked (the CPU kernel blocks the queries by their count, and a block of another
-        size rounds differently). Otherwise only real tokens are queries, and they get the padded
+        size rounds differently). Off the CPU the default mode does the same in one call for the
+        batch, with a (B, 1, 1, S) key mask (`attends_per_input`). Otherwise only real tokens are
+        queries, one call per input, and they get the padded
         keys with the padding mask (masked keys get exactly zero weight, so what stands at padding
         does not matter) or, where `skips_padded_keys` allows, the input's real keys only: then
         nothing at all is computed for padding.
         """
         q, k, v = self.project(x)  # (N, D) each
-        if self.exact:
+        if self.exact or not attends_per_input(x.device):
+            # Exact: transformers' materialized (B, 1, S, S) mask; else (off the CPU) one call for the
+            # batch, whose queries at padding are computed and dropped by `pack`.
+            mask = packing.square_mask() if self.exact else packing.key_masks()
             q, k, v = (self.split(packing.unpack(t)) for t in (q, k, v))  # (B, H, S, d)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=packing.square_mask(), scale=self.scaling)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
             return self.out_proj(packing.pack(self.merge(out)))  # (N, D)
         skip = skips_padded_keys(x.dtype, self.fast)
         if not skip:
@@ -380,8 +391,8 @@ class Bart(LoggingMixin, nn.Module):
         distributions in float32, often in half precision or on flat ones; `python -m
         bart_opt.bench_fidelity` measures how often).
 
-        `fast=True` (not with `exact`): the default, plus in half precision padded keys left out of
-        attention, and in bfloat16 on a CPU decoding attention through bart_opt's own kernel, built
+        `fast=True` (not with `exact`): the default, plus on a CPU in half precision padded keys left out
+        of attention, and in bfloat16 decoding attention through bart_opt's own kernel, built
         here on first use (`bart_opt.native`). Faster, with other ids than transformers' in half
         precision: near-ties as the default's are, but more of them (`python -m bart_opt.bench_fidelity`).
         """
@@ -451,6 +462,8 @@ class Bart(LoggingMixin, nn.Module):
         attns = [layer.encoder_attn for layer in self.decoder.layers]
         if self.exact:
             build = ExactCrossAttention.build
+        elif not attends_per_input(memory.device):
+            build = BatchedCrossAttention.build
         else:
             build = functools.partial(SharedCrossAttention.build, fast=self.fast)
         if lazy:

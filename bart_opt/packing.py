@@ -27,6 +27,20 @@ def skips_padded_keys(dtype: torch.dtype, fast: bool = False) -> bool:
     return fast or dtype == torch.float32
 
 
+def attends_per_input(device: torch.device) -> bool:
+    """Whether the default mode's attention makes one call per input (on a CPU) rather than one call
+    for the whole padded batch with its padded keys masked (on a GPU).
+
+    Per input, a call sees its own keys only, and only the real ones where `skips_padded_keys`
+    allows: on a CPU the arithmetic is the cost, and none goes to padding. On a GPU each call is a
+    kernel launch of a few microseconds' work, and a decoder step made B of them per layer, which
+    made bart_opt slower than transformers there. One call for the batch costs the GPU a little
+    arithmetic on padding and saves B - 1 launches per layer and step (measured on an H200: README,
+    "On a GPU").
+    """
+    return device.type == "cpu"
+
+
 class Packing:
     """Where the real tokens of a (B, S) batch sit among the rows of a packed (N, D) tensor.
 
@@ -67,6 +81,10 @@ class Packing:
             s = self.length
             self._square = self.keep[:, None, None, :].expand(-1, 1, s, s).contiguous()
         return self._square
+
+    def key_masks(self) -> torch.Tensor | None:
+        """(B, 1, 1, S) bool mask of every input's real keys (a view), or None when nothing is padded."""
+        return None if self.keep is None else self.keep[:, None, None, :]
 
     def key_mask(self, i: int) -> torch.Tensor | None:
         """(1, 1, 1, S) bool mask of input i's real keys, or None when nothing is padded."""

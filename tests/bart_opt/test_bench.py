@@ -65,3 +65,14 @@ def test_missing_model_folder_is_a_clear_error(tmp_path, capsys):
     assert bench.main(["--model", str(missing), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "cannot load" in err and str(missing) in err
+
+
+def test_the_title_names_the_throughput_batch_when_it_differs():
+    config = {"batch_size": 6, "max_len": 1024, "throughput_batch_size": 48, "throughput_max_len": 1024,
+              "tasks": ["throughput_cnn"]}
+    assert bench.describe_batches(config) == "throughput_cnn: 48 inputs padded to 1024 tokens"
+    config["tasks"] = ["forward", "throughput_cnn"]
+    assert bench.describe_batches(config) == ("6 inputs padded to 1024 tokens; "
+                                             "throughput_cnn: 48 inputs padded to 1024 tokens")
+    config["throughput_batch_size"] = 6
+    assert bench.describe_batches(config) == "6 inputs padded to 1024 tokens"

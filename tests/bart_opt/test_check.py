@@ -30,3 +30,35 @@ def test_check_passes_on_cpu_and_writes_its_report(tmp_path, capsys):
     assert checks["service"]["data"]["status"] == 200
     printed = capsys.readouterr().out
     assert "| parity small float32 | pass |" in printed and "| service | pass |" in printed
+
+
+def test_cuda_memory_cap_accepts_a_device_without_an_index(monkeypatch):
+    """`--device cuda` (no index) capped the memory with a device torch's setter refuses (seen on an H200)."""
+    from types import SimpleNamespace
+
+    from bart_opt import check
+
+    fractions = []
+
+    def set_fraction(fraction, device=None):
+        if isinstance(device, torch.device) and device.index is None:  # what torch's setter raises
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{device}")
+        fractions.append(fraction)
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", set_fraction)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 1000)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: SimpleNamespace(total_memory=10**6))
+    calls = []
+
+    class Summarizer:
+        def summarize(self, texts, **settings):
+            calls.append(len(texts))
+            capped = len(fractions) % 2 == 1
+            return SimpleNamespace(memory={"peak_bytes": 4000}, errors=[None] * len(texts), oom_splits=int(capped),
+                                   batches=[{"size": len(texts)}])
+
+    outcome = check._real_cuda_oom(Summarizer(), ["a", "b"], {}, torch.device("cuda"))
+    assert outcome.ok, outcome.detail
+    assert fractions == [(1000 + 3000) / 10**6, 1.0], "capped at the weights plus 3/4 of the batch, then restored"
+    assert calls == [2, 2]

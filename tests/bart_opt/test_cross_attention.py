@@ -1,5 +1,6 @@
 """The default mode's cross-attention state: compact per-input keys/values in half precision on a
-CPU, computing the same bits as the strided views they are copied from."""
+CPU, computing the same bits as the strided views they are copied from; and the batched layout
+used off the CPU, run here."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 import bart_opt.cross_attention as cross_attention
 from bart_opt import Bart
 from bart_opt.bench_fidelity import SHAPES
+from tests.bart_opt.reference import batch
+from tests.bart_opt.test_generation import reference_generate
 from tests.bart_opt.test_packing import padded_batch
 
 
@@ -53,3 +56,58 @@ def test_float32_and_other_devices_keep_the_views():
     assert not cross_attention.stores_compact(torch.zeros(1, 2, 4))
     assert cross_attention.stores_compact(torch.zeros(1, 2, 4, dtype=torch.bfloat16))
     assert not cross_attention.stores_compact(torch.zeros(1, 2, 4, dtype=torch.bfloat16, device="meta"))
+
+
+@pytest.fixture
+def batched(monkeypatch):
+    """The default mode with the layout it takes off the CPU: one attention call for the whole batch."""
+    import bart_opt.model as model_module
+
+    monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_layout_attends_like_the_per_input_calls(checkpoint, dtype, monkeypatch):
+    model = Bart.from_pretrained(checkpoint, dtype=dtype)
+    ids, mask = padded_batch()
+    per_input = first_steps_logits(model, ids, mask, beams=3)
+    import bart_opt.model as model_module
+
+    monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+    with torch.inference_mode():
+        cross = model.cross_attention(model.encode(ids, mask), mask, beams=3)
+    assert type(cross) is cross_attention.BatchedCrossAttention
+    assert [k.shape for k, _ in cross.kv] == [(ids.shape[0], model.config.decoder_attention_heads, ids.shape[1],
+                                                model.config.d_model // model.config.decoder_attention_heads)] * len(cross.kv)
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    for a, b in zip(per_input, first_steps_logits(model, ids, mask, beams=3)):
+        torch.testing.assert_close(a, b, atol=tol, rtol=tol)
+
+
+def test_batched_layout_shrinks_to_the_kept_inputs(checkpoint, batched):
+    """After `keep`, the state attends for the kept inputs as a state built for them alone does."""
+    model = Bart.from_pretrained(checkpoint)
+    ids, mask = padded_batch()
+    kept = torch.tensor([0, 2])
+    with torch.inference_mode():
+        memory = model.encode(ids, mask)  # (B, S, D)
+        shrunk = model.cross_attention(memory, mask, beams=2)
+        shrunk.keep(kept)
+        alone = model.cross_attention(memory[kept], mask[kept], beams=2)
+        assert torch.equal(shrunk.pad_mask, mask[kept].bool())
+        x = torch.randn(4, 1, model.config.d_model, generator=torch.Generator().manual_seed(0))  # (B'*beams, 1, D)
+        for layer, attn in enumerate(model.decoder.layers):
+            assert torch.equal(shrunk(attn.encoder_attn, x, layer), alone(attn.encoder_attn, x, layer))
+
+
+def test_batched_layout_matches_transformers_as_inputs_leave(make_checkpoint, monkeypatch, batched):
+    """Beams ending at different steps make inputs leave the batch (`keep`) during generation."""
+    path = make_checkpoint(init_std=0.2, eos_bias=5.0)  # ends sequences at varied, input-dependent lengths
+    ids, mask = batch(path, (1, 5, 2, 3, 1), seed=3)
+    kept = []
+    keep = cross_attention.BatchedCrossAttention.keep
+    monkeypatch.setattr(cross_attention.BatchedCrossAttention, "keep",
+                        lambda self, rows: kept.append(len(rows)) or keep(self, rows))
+    got = Bart.from_pretrained(path).generate(ids, mask, num_beams=4, min_length=0)
+    assert kept and kept[-1] < ids.shape[0], "inputs left the batch before the last step"
+    assert torch.equal(got, reference_generate(path, ids, mask, num_beams=4, min_length=0))

@@ -85,3 +85,29 @@ def test_default_mode_skips_padding_and_stays_close(checkpoint):
         model.exact = False
         alone = model.encode(ids[1:2, : LENGTHS[1]], None)
     torch.testing.assert_close(got[1, : LENGTHS[1]], alone[0], atol=1e-4, rtol=1e-4)
+
+
+def test_only_the_cpu_attends_per_input():
+    from bart_opt.packing import attends_per_input
+
+    assert attends_per_input(torch.device("cpu"))
+    assert not attends_per_input(torch.device("cuda"))
+    assert not attends_per_input(torch.device("meta"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_encoder_attention_matches_the_per_input_calls(checkpoint, monkeypatch, dtype):
+    """Off the CPU the default encoder attends for the whole batch in one masked call; run here, it
+    gives the per-input calls' states at every real position (padding comes back as zeros)."""
+    import bart_opt.model as model_module
+
+    model = Bart.from_pretrained(checkpoint, dtype=dtype)
+    ids, mask = padded_batch(holes=True)
+    keep = mask.bool()
+    per_input = encode(model, ids, mask, pack=True)
+    calls = []
+    monkeypatch.setattr(model_module, "attends_per_input", lambda device: calls.append(device) or False)
+    batched = encode(model, ids, mask, pack=True)
+    assert len(calls) == model.config.encoder_layers
+    tol = 1e-4 if dtype == torch.float32 else 2e-2  # masked rather than left-out keys: other rounding
+    torch.testing.assert_close(batched[keep], per_input[keep], atol=tol, rtol=tol)

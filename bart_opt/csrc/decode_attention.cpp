@@ -192,9 +192,17 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torc
   }
 }
 
+// How many threads at::parallel_for runs the kernel's tasks on here (1 if built without OpenMP).
+int64_t parallel_threads() {
+  std::vector<int> ran(at::get_num_threads(), 0);
+  at::parallel_for(0, 1024, 1, [&](int64_t, int64_t) { ran[at::get_thread_num()] = 1; });
+  return std::count(ran.begin(), ran.end(), 1);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("parallel_threads", &parallel_threads, "threads at::parallel_for uses in this module");
   module.def("decode_attention", &decode_attention, "softmax(q k^T * scale) v into out; see the file's header",
              pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("out"), pybind11::arg("scale"),
              pybind11::arg("rows") = pybind11::none(), pybind11::call_guard<pybind11::gil_scoped_release>());

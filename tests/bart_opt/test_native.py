@@ -94,8 +94,11 @@ def test_same_bits_at_any_thread_count():
     try:
         torch.set_num_threads(1)
         one = native.decode_attention(q, k, v, 0.125)
+        assert native.kernel().parallel_threads() == 1
         torch.set_num_threads(2)
         two = native.decode_attention(q, k, v, 0.125)
+        # Built without OpenMP, the kernel's parallel loop ran on one thread whatever the setting said.
+        assert native.kernel().parallel_threads() == 2, "the kernel runs its tasks on torch's threads"
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)

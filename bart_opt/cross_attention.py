@@ -131,7 +131,7 @@ class SharedCrossAttention:
 
 
 class BatchedCrossAttention:
-    """The default mode off the CPU: every input in one attention call (`bart_opt.packing.attends_per_input`).
+    """The default (and fast) mode off the CPU: every input in one attention call (`bart_opt.packing.attends_per_input`).
 
     Build it with `build`. `kv[layer]` holds decoder layer `layer`'s keys and values, (B, H, S, d)
     each (views of the fused key/value product), once per input, padding included; the beams of

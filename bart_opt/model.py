@@ -22,8 +22,8 @@ transformers gives it instead: MKL's products (on packed rows: a row rounds alik
 count from 17 up), padded attention rectangles with a materialized `(B, 1, S, S)` encoder mask,
 per-beam cross-attention keys/values (one layer at a time), un-chunked feed-forward blocks.
 
-`fast=True` goes the other way from the default: on a CPU, half precision leaves padded keys out as
-float32 does, and in bfloat16 on a CPU with AVX512-BF16 decoding attention runs through bart_opt's own
+`fast=True` goes the other way from the default, on a CPU: half precision leaves padded keys out as
+float32 does, and in bfloat16 with AVX512-BF16 decoding attention runs through bart_opt's own
 kernel (`bart_opt.native`). Its ids are not transformers' (nor the default's); their agreement
 with float32 is measured and published. On a GPU it is the default mode: there attention makes one
 call for the whole batch, padded keys masked (`bart_opt.packing.attends_per_input`).

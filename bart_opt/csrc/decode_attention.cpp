@@ -195,7 +195,10 @@ void decode_attention(const torch::Tensor& q, const torch::Tensor& k, const torc
 // How many threads at::parallel_for runs the kernel's tasks on here (1 if built without OpenMP).
 int64_t parallel_threads() {
   std::vector<int> ran(at::get_num_threads(), 0);
-  at::parallel_for(0, 1024, 1, [&](int64_t, int64_t) { ran[at::get_thread_num()] = 1; });
+  at::parallel_for(0, 1024, 1, [&](int64_t, int64_t) {
+    const size_t thread = at::get_thread_num();
+    if (thread < ran.size()) ran[thread] = 1;  // one element per thread: no race
+  });
   return std::count(ran.begin(), ran.end(), 1);
 }
 

@@ -17,18 +17,20 @@ def spec(**overrides) -> GenerationSpec:
     return GenerationSpec(**{**values, **overrides})
 
 
+@pytest.mark.parametrize("ngram", [1, 2, 3, 5])
 @pytest.mark.parametrize("cur_len", [1, 3, 8, 20])
-def test_masking_processors_equal_transformers_and_work_in_place(cur_len):
+def test_masking_processors_equal_transformers_and_work_in_place(cur_len, ngram):
     gen = torch.Generator().manual_seed(cur_len)
-    seqs = torch.randint(3, 9, (6, cur_len), generator=gen)  # a small alphabet: many repeated 3-grams
+    alphabet = 6 if ngram <= 3 else 2  # small enough for many repeated n-grams
+    seqs = torch.randint(3, 3 + alphabet, (6, cur_len), generator=gen)
     scores = torch.log_softmax(torch.randn(6, 50, generator=gen), dim=-1)  # (N, V)
-    expected = NoRepeatNGramLogitsProcessor(3)(seqs, scores.clone())
+    expected = NoRepeatNGramLogitsProcessor(ngram)(seqs, scores.clone())
     expected = MinLengthLogitsProcessor(12, eos_token_id=2)(seqs, expected)
-    got = process_scores(seqs, scores, spec())
+    got = process_scores(seqs, scores, spec(no_repeat_ngram_size=ngram))
     assert torch.equal(got, expected)
     assert got.data_ptr() == scores.data_ptr(), "masked in place, no (N, V) copy"
     if cur_len >= 8:
-        assert bool(torch.isinf(got[:, 3:]).any()), "the case bans some repeated 3-gram"
+        assert bool(torch.isinf(got[:, 3:]).any()), "the case bans some repeated n-gram"
 
 
 @pytest.mark.parametrize("forced", [dict(forced_eos_token_id=(2,)), dict(forced_bos_token_id=0)])

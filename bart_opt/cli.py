@@ -42,7 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The benchmark and the self-check own their options; hand them over untouched.
         import importlib
 
-        return importlib.import_module(f"bart_opt.{argv[0]}").main(argv[1:]) or 0
+        module = {"bench": "bart_opt.bench", "check": "bart_opt.bench.check"}[argv[0]]
+        return importlib.import_module(module).main(argv[1:]) or 0
     parser = build_parser()
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -389,12 +389,12 @@ class Bart(LoggingMixin, nn.Module):
         The default shares cross-attention keys/values across beams and drops finished inputs:
         less memory and time, the same ids or near-ties resolved differently (rarely on peaked
         distributions in float32, often in half precision or on flat ones; `python -m
-        bart_opt.bench_fidelity` measures how often).
+        bart_opt.bench.fidelity` measures how often).
 
         `fast=True` (not with `exact`): the default, plus on a CPU in half precision padded keys left out
         of attention, and in bfloat16 decoding attention through bart_opt's own kernel, built
         here on first use (`bart_opt.native`). Faster, with other ids than transformers' in half
-        precision: near-ties as the default's are, but more of them (`python -m bart_opt.bench_fidelity`).
+        precision: near-ties as the default's are, but more of them (`python -m bart_opt.bench.fidelity`).
         """
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
         model.exact, model.fast = exact, fast

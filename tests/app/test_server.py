@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from app.bench_load import ServerProcess
+from bart_opt.bench.service_load import ServerProcess
 from tests.app.helpers import FAST, articles, samples, value
 
 

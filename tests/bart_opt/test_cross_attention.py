@@ -9,7 +9,7 @@ import torch
 
 import bart_opt.cross_attention as cross_attention
 from bart_opt import Bart
-from bart_opt.bench_fidelity import SHAPES
+from bart_opt.bench.fidelity import SHAPES
 from tests.bart_opt.reference import batch
 from tests.bart_opt.test_generation import reference_generate
 from tests.bart_opt.test_packing import padded_batch

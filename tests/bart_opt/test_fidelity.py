@@ -2,7 +2,7 @@
 their published agreement.
 
 The batch is the first padded batch of 8 of the published fidelity workload (README, "Exact mode
-and fidelity"; `python -m bart_opt.bench_fidelity --shape d256 --threads 1`): d_model 256, 3+3
+and fidelity"; `python -m bart_opt.bench.fidelity --shape d256 --threads 1`): d_model 256, 3+3
 layers, 8 heads, inputs of 8-120 tokens, 40 new tokens, 4 beams, length_penalty 2.0,
 no_repeat_ngram_size 3, on one thread as published.
 """
@@ -15,7 +15,7 @@ from transformers import BartForConditionalGeneration
 
 import bart_opt.model as model_module
 from bart_opt import Bart, native
-from bart_opt.bench_fidelity import SHAPES, Workload, make_inputs, padded, sequence_score, strip
+from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded, sequence_score, strip
 
 WORK = Workload()
 # The default's identical outputs among these 8 in the published measurement, and the largest

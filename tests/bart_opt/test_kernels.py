@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 import bart_opt.model as model_module
 from bart_opt import Bart
-from bart_opt.bench_fidelity import SHAPES
+from bart_opt.bench.fidelity import SHAPES
 from bart_opt.kernels import ONEDNN, linear, uses_onednn
 
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from bart_opt import Bart, native
-from bart_opt.bench_fidelity import SHAPES, Workload, make_inputs, padded
+from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded
 from bart_opt.config import UnsupportedConfigError
 from bart_opt.model import Attention
 from tests.bart_opt.reference import batch, reference_model

@@ -7,7 +7,7 @@ import torch
 from transformers import BartForConditionalGeneration
 
 from bart_opt import Bart
-from bart_opt.bench_fidelity import SHAPES
+from bart_opt.bench.fidelity import SHAPES
 from bart_opt.packing import EXACT_MIN_ROWS, Packing
 
 LENGTHS = (70, 9, 128, 33)  # 240 real tokens of 512 positions

@@ -9,7 +9,7 @@ import time
 import httpx
 import torch
 
-from app.bench_load import ServerProcess
+from bart_opt.bench.service_load import ServerProcess
 from bart_opt.data import load_records
 from bart_opt.evaluate import run_evaluation
 from bart_opt.summarizer import Summarizer

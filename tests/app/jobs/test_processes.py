@@ -11,7 +11,7 @@ import time
 
 import httpx
 
-from app.bench_load import ServerProcess
+from bart_opt.bench.service_load import ServerProcess
 from tests.app.jobs.helpers import cnn_rows
 
 GENERATION = {"num_beams": 1, "max_length": 6, "min_length": 2}

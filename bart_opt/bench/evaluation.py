@@ -10,8 +10,8 @@ Two paths over the same records, taking turns, best of `--repeats`:
 For each it prints the wall time, the summed seconds of the model calls, and their ratio
 (1.00x: the model was never idle). Both paths tokenize every record before the first batch.
 
-    python -m bart_opt.bench_evaluate                      # the demo model on 200 of its held-out records
-    python -m bart_opt.bench_evaluate --model DIR --data records.jsonl --threads 2
+    python -m bart_opt.bench.evaluation                      # the demo model on 200 of its held-out records
+    python -m bart_opt.bench.evaluation --model DIR --data records.jsonl --threads 2
 """
 
 from __future__ import annotations

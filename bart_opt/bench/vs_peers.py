@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from bart_opt.memory import format_bytes
-from bart_opt.peers import EngineSpec
+from bart_opt.bench.engines import EngineSpec
 
 # Token counts of 12 CNN/DailyMail-like articles after truncation to 1024 (9,537 tokens in all).
 CNN_DOC_LENGTHS = (1024, 1024, 1024, 1024, 951, 868, 780, 712, 640, 575, 462, 453)
@@ -67,13 +67,13 @@ def make_docs(config, count: int, max_len: int, seed: int) -> list[list[int]]:
 
 
 class Worker:
-    """One engine in its own process, driven over a pipe (``python -m bart_opt.bench_peers JOB``)."""
+    """One engine in its own process, driven over a pipe (``python -m bart_opt.bench.vs_peers JOB``)."""
 
     def __init__(self, spec: EngineSpec, job: dict):
         self.spec = spec
         env = {**os.environ, "OMP_NUM_THREADS": str(job["threads"]), "TOKENIZERS_PARALLELISM": "false"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bart_opt.bench_peers", json.dumps({**job, "engine": vars(spec)})],
+            [sys.executable, "-m", "bart_opt.bench.vs_peers", json.dumps({**job, "engine": vars(spec)})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )
         self.first = self._receive()  # sent after loading and the memory run
@@ -108,7 +108,7 @@ def _worker_main(job: dict) -> None:
     import torch
 
     from bart_opt.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
-    from bart_opt.peers import load_engine
+    from bart_opt.bench.engines import load_engine
 
     torch.set_num_threads(job["threads"])
     spec = EngineSpec(**job["engine"])
@@ -219,8 +219,8 @@ def run(args) -> int:
     """The peer comparison for ``bart-opt bench --peers`` (options parsed by bench.py); exit status."""
     from transformers import BartConfig
 
-    from bart_opt.bench import CNN_SETTINGS, build_random_checkpoint
-    from bart_opt.peers import checkpoint_settings, convert_to_ct2, ct2_options
+    from bart_opt.bench.workloads import CNN_SETTINGS, build_random_checkpoint
+    from bart_opt.bench.engines import checkpoint_settings, convert_to_ct2, ct2_options
 
     specs = engine_specs(args.peers)
     cnn_settings = dict(CNN_SETTINGS)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bart_opt.spec import GenerationSpec
-from bart_opt.peers import (
+from bart_opt.bench.engines import (
     EngineSpec,
     TorchEngine,
     checkpoint_settings,
@@ -83,7 +83,7 @@ def converted(make_checkpoint, tmp_path_factory):
     """Tiny checkpoints whose outputs stop at min_length (EOS favoured) or run to max_length (EOS
     never chosen), each with its CTranslate2 conversion."""
     pytest.importorskip("ctranslate2", reason="CTranslate2 is the peers extra: pip install -e '.[peers]'")
-    from bart_opt.peers import convert_to_ct2
+    from bart_opt.bench.engines import convert_to_ct2
 
     out = {}
     for name, bias in (("stops_early", 50.0), ("runs_long", -50.0)):

@@ -1,6 +1,6 @@
 """Load benchmark: concurrent clients against a real server, micro-batching on vs off, in one run.
 
-``python -m app.bench_load`` builds the demo checkpoint (or takes ``--model``), then for each
+``python -m bart_opt.bench.service_load`` builds the demo checkpoint (or takes ``--model``), then for each
 mode starts ``bart-opt serve`` on a free loopback port, warms it up, and lets ``--clients``
 asyncio clients send one-text ``POST /summarize`` requests back to back until ``--requests``
 answers arrived or ``--seconds`` passed. It prints a markdown table (throughput, p50/p99
@@ -172,7 +172,7 @@ def table(results: dict[str, LoadResult]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.bench_load", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bart_opt.bench.service_load", description=__doc__.splitlines()[0])
     parser.add_argument("--model", help="checkpoint folder (default: build the demo checkpoint)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=160, help="answers per mode at most")

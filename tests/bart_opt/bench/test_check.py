@@ -36,7 +36,7 @@ def test_cuda_memory_cap_accepts_a_device_without_an_index(monkeypatch):
     """`--device cuda` (no index) capped the memory with a device torch's setter refuses (seen on an H200)."""
     from types import SimpleNamespace
 
-    from bart_opt import check
+    from bart_opt.bench import check
 
     fractions = []
 

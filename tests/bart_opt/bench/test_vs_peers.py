@@ -6,23 +6,23 @@ import json
 
 import pytest
 
-from bart_opt import bench, bench_peers
-from bart_opt.peers import EngineSpec
+from bart_opt.bench import vs_peers, vs_transformers as bench
+from bart_opt.bench.engines import EngineSpec
 
 
 def test_workload_is_twelve_cnn_like_documents():
-    lengths = bench_peers.doc_lengths(12, 1024)
-    assert lengths == list(bench_peers.CNN_DOC_LENGTHS)
+    lengths = vs_peers.doc_lengths(12, 1024)
+    assert lengths == list(vs_peers.CNN_DOC_LENGTHS)
     assert (min(lengths), max(lengths), sum(lengths)) == (453, 1024, 9537)
-    scaled = bench_peers.doc_lengths(14, 128)
+    scaled = vs_peers.doc_lengths(14, 128)
     assert max(scaled) == 128 and min(scaled) == round(453 / 8) and scaled[12:] == scaled[:2]
 
 
 def test_engines_are_reference_ours_then_peers():
-    labels = [s.label for s in bench_peers.engine_specs(["ctranslate2"])]
+    labels = [s.label for s in vs_peers.engine_specs(["ctranslate2"])]
     assert labels == ["transformers float32", "bart_opt float32", "bart_opt bfloat16", "bart_opt_fast bfloat16",
                       "ctranslate2 float32", "ctranslate2 int8"]
-    assert [s.label for s in bench_peers.engine_specs([])] == labels[:4]
+    assert [s.label for s in vs_peers.engine_specs([])] == labels[:4]
 
 
 def _first(outputs) -> dict:
@@ -38,26 +38,26 @@ def test_result_row_counts_identical_outputs_and_keeps_the_spread():
     runs = [{"seconds": 4.0, "cpu_seconds": 7.0, "same_as_first": True},
             {"seconds": 3.0, "cpu_seconds": 6.5, "same_as_first": True},
             {"seconds": 5.0, "cpu_seconds": 8.0, "same_as_first": True}]
-    row = bench_peers.result_row(EngineSpec("ctranslate2", "int8"), _first([[2, 0, 5, 2], [2, 0, 6, 2]]), runs,
+    row = vs_peers.result_row(EngineSpec("ctranslate2", "int8"), _first([[2, 0, 5, 2], [2, 0, 6, 2]]), runs,
                                  REFERENCE_OUT)
     assert row["seconds"] == 3.0 and row["seconds_runs"] == [4.0, 3.0, 5.0] and row["spread"] == 2.0
     assert row["cpu_seconds"] == 6.5
     assert row["identical_to_reference"] == 1 and row["identical_docs"] == [True, False]
     assert row["generated_tokens"] == 6 and row["tokens_per_s"] == 2.0 and row["docs_per_s"] == 2 / 3
     assert row["deterministic"] is True and row["peak_rss_bytes"] == 3 * 2**20
-    unstable = bench_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT),
+    unstable = vs_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT),
                                       [{"seconds": 1.0, "cpu_seconds": 2.0, "same_as_first": False}], REFERENCE_OUT)
     assert unstable["deterministic"] is False and unstable["identical_to_reference"] == 2
-    memory_run_only = bench_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT), [], REFERENCE_OUT)
+    memory_run_only = vs_peers.result_row(EngineSpec("bart_opt", "float32"), _first(REFERENCE_OUT), [], REFERENCE_OUT)
     assert memory_run_only["seconds"] == 9.0 and memory_run_only["cpu_seconds"] == 17.0
 
 
 def _rows(seconds: dict) -> list[dict]:
     rows = []
-    for spec in bench_peers.engine_specs(["ctranslate2"]):
+    for spec in vs_peers.engine_specs(["ctranslate2"]):
         out = REFERENCE_OUT if spec.name != "ctranslate2" else [[2, 0, 9, 2], [2, 0, 6, 7, 2]]
         first = _first(out)
-        rows.append(bench_peers.result_row(spec, first, [{"seconds": seconds[spec.label], "cpu_seconds": 2 * seconds[spec.label],
+        rows.append(vs_peers.result_row(spec, first, [{"seconds": seconds[spec.label], "cpu_seconds": 2 * seconds[spec.label],
                                                                  "same_as_first": True}],
                                            REFERENCE_OUT))
     return rows
@@ -67,15 +67,15 @@ def test_targets_and_table():
     seconds = {"transformers float32": 90.0, "bart_opt float32": 12.0, "bart_opt bfloat16": 8.0,
                "bart_opt_fast bfloat16": 6.0, "ctranslate2 float32": 12.6, "ctranslate2 int8": 9.0}
     rows = _rows(seconds)
-    goals = bench_peers.targets(rows)
+    goals = vs_peers.targets(rows)
     assert goals["bart_opt_float32_vs_ctranslate2_float32"] == {"speed_ratio": 12.6 / 12.0, "target": 1.0, "met": True}
     assert goals["bart_opt_bfloat16_vs_ctranslate2_int8"]["met"] is False  # 1.125x < 1.3x
     assert goals["bart_opt_fast_bfloat16_vs_ctranslate2_int8"] == {"speed_ratio": 1.5, "target": 1.3, "met": True}
-    assert bench_peers.targets(rows[:4]) == {}
+    assert vs_peers.targets(rows[:4]) == {}
 
     config = {"model": "random tiny", "docs": 2, "min_doc_len": 40, "max_doc_len": 48, "input_tokens": 88,
               "threads": 2, "repeats": 1, "settings_text": "num_beams 4"}
-    table = bench_peers.format_table(config, rows)
+    table = vs_peers.format_table(config, rows)
     assert "2 documents of 40-48 tokens (88 in all), 2 thread(s) each" in table
     assert "| bart_opt | float32 | 12.00 | 1 run | 24.00 | 0.167 | 0.6 | 7.50x | 1.00 GiB | 3.00 MiB | 2/2 |" in table
     assert "| ctranslate2 | int8 | 9.00 | 1 run | 18.00 | 0.222 | 0.8 | 10.00x | 1.00 GiB | 3.00 MiB | 1/2 |" in table
@@ -110,7 +110,7 @@ def test_tiny_peer_run_end_to_end(tmp_path, capsys):
     config, rows = payload["config"], {r["label"]: r for r in payload["results"]}
     assert config["doc_lengths"] == [48, 48] and config["threads"] == 1
     assert config["ctranslate2_options"]["max_decoding_length"] == 140
-    assert list(rows) == [s.label for s in bench_peers.engine_specs(["ctranslate2"])]
+    assert list(rows) == [s.label for s in vs_peers.engine_specs(["ctranslate2"])]
     for row in rows.values():
         assert row["timed_runs"] == 2 and len(row["seconds_runs"]) == 2 and row["deterministic"] is True
         assert row["seconds"] > 0 and row["cpu_seconds"] > 0

@@ -16,7 +16,7 @@ seconds (the speed ratio is taken on CPU seconds, which other processes on a sha
 machine disturb far less than wall time; `--threads 1` makes them cleaner still),
 checks that both arms wrote identical summaries, and can write the numbers as JSON.
 
-    python -m bart_opt.bench_batching --n 48
+    python -m bart_opt.bench.batching --n 48
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ MODEL_SHAPE = {"d_model": 1024, "encoder_layers": 1, "decoder_layers": 1, "encod
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bart_opt.bench_batching", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bart_opt.bench.batching", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=48, help="articles (default 48)")
     p.add_argument("--median-tokens", type=int, default=800, help="median article length in tokens (default 800)")
     p.add_argument("--sigma", type=float, default=0.5, help="log-normal spread of the lengths (default 0.5)")

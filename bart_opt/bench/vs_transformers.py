@@ -21,7 +21,7 @@ counter; the best time is reported. Both engines load the same checkpoint folder
     bart-opt bench --size large --device cuda --dtype float16
 
 With ``--peers ctranslate2`` it compares engines instead (transformers, bart_opt in float32 and
-bfloat16, CTranslate2 in float32 and int8) on a CNN-like workload: see :mod:`bart_opt.bench_peers`.
+bfloat16, CTranslate2 in float32 and int8) on a CNN-like workload: see :mod:`bart_opt.bench.vs_peers`.
 
     bart-opt bench --peers ctranslate2 --json peers.json
 """
@@ -38,29 +38,14 @@ from pathlib import Path
 
 import torch
 
+from bart_opt.bench.workloads import CNN_SETTINGS, DEFAULT_MAX_LEN, SIZES, STEP_SETTINGS, build_random_checkpoint
 from bart_opt.memory import MemoryLog, format_bytes, measure
 
-SIZES = {
-    # Runs the whole benchmark in well under a minute on two CPU cores.
-    "tiny": {"d_model": 128, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
-             "decoder_attention_heads": 4, "ffn_dim": 512, "vocab_size": 1000, "max_position_embeddings": 256},
-    # facebook/bart-base
-    "base": {"d_model": 768, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 12,
-             "decoder_attention_heads": 12, "ffn_dim": 3072, "vocab_size": 50265, "max_position_embeddings": 1024},
-    # facebook/bart-large-cnn
-    "large": {"d_model": 1024, "encoder_layers": 12, "decoder_layers": 12, "encoder_attention_heads": 16,
-              "decoder_attention_heads": 16, "ffn_dim": 4096, "vocab_size": 50264, "max_position_embeddings": 1024},
-}
-DEFAULT_MAX_LEN = {"tiny": 128, "base": 1024, "large": 1024}
-STEP_SETTINGS = {"num_beams": 4, "max_new_tokens": 9, "min_length": 0, "length_penalty": 1.0,
-                 "no_repeat_ngram_size": 0, "early_stopping": True}
-CNN_SETTINGS = {"num_beams": 4, "length_penalty": 2.0, "min_length": 56, "max_length": 142,
-                "no_repeat_ngram_size": 3, "early_stopping": True}
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt", "bart_opt_exact")
 OURS = ("bart_opt", "bart_opt_exact")  # one Bart model; the engine name sets its `exact` mode
 LENGTH_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # uneven inputs, the longest sets the padded length
-PEERS = ("ctranslate2",)  # engines --peers can add; see bench_peers.py
+PEERS = ("ctranslate2",)  # engines --peers can add; see vs_peers.py
 DEFAULT_PEERS_EOS_BIAS = 1.5  # random bart-base weights then stop after 75-110 tokens instead of running to 142
 
 
@@ -126,13 +111,6 @@ def resolve_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("bart-opt bench: --device cuda given but no CUDA device is available")
     return device
-
-
-def build_random_checkpoint(out_dir: str, size: str, seed: int, eos_bias: float) -> str:
-    """Write random weights of the named shape with transformers' own BartConfig and save_pretrained."""
-    from bart_opt.demo import build_checkpoint
-
-    return str(build_checkpoint(out_dir, seed=seed, with_tokenizer=False, eos_bias=eos_bias, **SIZES[size]))
 
 
 def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: bool = True) -> dict[str, torch.nn.Module]:
@@ -525,9 +503,9 @@ def _bench_peers(args) -> int:
         print(f"bart-opt bench: --peers {','.join(missing)} needs {' '.join(missing)}: pip install 'bart-opt[peers]'",
               file=sys.stderr)
         return 2
-    from bart_opt import bench_peers
+    from bart_opt.bench import vs_peers
 
-    return bench_peers.run(args)
+    return vs_peers.run(args)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ and reports the difference (reference minus other: positive when transformers' o
 scores higher). Set beside transformers' own differences across batch compositions, it tells
 a tie decided by rounding from an error.
 
-    python -m bart_opt.bench_fidelity --shape d256 --dtypes float32,float16,bfloat16
-    python -m bart_opt.bench_fidelity --shape base --dtypes float32,bfloat16 --json fidelity-base.json
+    python -m bart_opt.bench.fidelity --shape d256 --dtypes float32,float16,bfloat16
+    python -m bart_opt.bench.fidelity --shape base --dtypes float32,bfloat16 --json fidelity-base.json
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bart_opt.bench import SIZES
+from bart_opt.bench.workloads import SIZES
 from bart_opt.processors import process_scores
 
 SHAPES = {
@@ -253,7 +253,7 @@ def format_table(title: str, results: dict, work: Workload) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bart_opt.bench_fidelity", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bart_opt.bench.fidelity", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="d256")
     p.add_argument("--dtypes", default=",".join(DTYPES), help="comma-separated subset of float32,float16,bfloat16")
     p.add_argument("--device", default="cpu")
@@ -280,7 +280,7 @@ def parse_args(argv):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m bart_opt.bench_fidelity``."""
+    """Entry point of ``python -m bart_opt.bench.fidelity``."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # "max_new_tokens and max_length both set" and the like: expected here

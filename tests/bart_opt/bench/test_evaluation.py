@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from bart_opt import bench_evaluate
+from bart_opt.bench import evaluation as bench_evaluate
 
 
 def test_bench_evaluate_prints_wall_and_model_time_of_both_paths(capsys):

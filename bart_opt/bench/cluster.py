@@ -1,6 +1,6 @@
 """Benchmark: ``bart-opt evaluate`` in one process against the same run on a local Ray instance, side by side.
 
-``python -m bart_opt.bench_ray`` builds the demo checkpoint (or takes ``--model``), makes ``--n``
+``python -m bart_opt.bench.cluster`` builds the demo checkpoint (or takes ``--model``), makes ``--n``
 CNN-like records (token lengths log-normal around ``--median-tokens``) and evaluates them into
 fresh run folders, alternating ``--repeats`` times,
 
@@ -20,7 +20,7 @@ end of its last batch, summed over workers, divided by the examples; and the par
 the model (the span minus the batches' own seconds: scheduling, transfers, gaps), which the noise
 of a busy machine in model speed does not swamp.
 
-    python -m bart_opt.bench_ray                  # 200 records, 2 replicas x 1 thread vs 1 process x 1 thread
+    python -m bart_opt.bench.cluster                  # 200 records, 2 replicas x 1 thread vs 1 process x 1 thread
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from bart_opt.summarizer import Summarizer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bart_opt.bench_ray", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bart_opt.bench.cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200, help="records (default 200)")
     p.add_argument("--median-tokens", type=int, default=800, help="median article length in tokens (default 800)")
     p.add_argument("--sigma", type=float, default=0.5, help="log-normal spread of the lengths (default 0.5)")
@@ -59,10 +59,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def make_records(model: str, n: int, median_tokens: int, sigma: float, seed: int) -> list[Record]:
-    """CNN/DailyMail-shaped records: article lengths as in `bart_opt.bench_batching`, three highlights."""
+    """CNN/DailyMail-shaped records: article lengths as in `bart_opt.bench.batching`, three highlights."""
     from transformers import AutoTokenizer
 
-    from bart_opt.bench_batching import cnn_like_articles
+    from bart_opt.bench.batching import cnn_like_articles
     from bart_opt.demo import random_sentence
 
     articles = cnn_like_articles(AutoTokenizer.from_pretrained(model), n, median_tokens, sigma, seed)
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from bart_opt.distributed import ClusterOptions, ReplicaConfig, ReplicaPool, connect
 
-    root = Path(tempfile.mkdtemp(prefix="bench_ray_"))
+    root = Path(tempfile.mkdtemp(prefix="bart-opt-bench-cluster-"))
     try:
         if args.model is None:
             from bart_opt.demo import build_checkpoint
@@ -188,4 +188,4 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     from bart_opt.distributed import exit_process
 
-    exit_process(main(), "bench_ray")  # Ray's shutdown can hang: bounded, as the command's
+    exit_process(main(), "bart_opt.bench.cluster")  # Ray's shutdown can hang: bounded, as the command's

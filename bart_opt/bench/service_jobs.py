@@ -1,6 +1,6 @@
 """Benchmark: an evaluation job through the service against ``bart-opt evaluate``, side by side in one run.
 
-``python -m app.bench_jobs`` builds the demo checkpoint (or takes ``--model``), writes ``--n``
+``python -m bart_opt.bench.service_jobs`` builds the demo checkpoint (or takes ``--model``), writes ``--n``
 CNN-like records (token lengths log-normal around ``--median-tokens``, the longer ones cut at
 1024) to a JSONL file, then evaluates them
 
@@ -16,8 +16,8 @@ table with seconds per example and the service's overhead per example against th
 once on wall time, and once on the time spent outside the model (wall time minus the summed
 per-example model work), which a busy machine's noise in model speed does not swamp.
 
-    python -m app.bench_jobs                      # 200 records, the demo model's settings
-    python -m app.bench_jobs --n 20 --max-length 12 --repeats 2
+    python -m bart_opt.bench.service_jobs                      # 200 records, the demo model's settings
+    python -m bart_opt.bench.service_jobs --n 20 --max-length 12 --repeats 2
 
 **Scale mode** (``--scale``): the same CNN-like records (median 280 tokens unless
 ``--median-tokens`` says otherwise: about 1.5 KB a line, 155 MB for 100,000), a job of
@@ -27,7 +27,7 @@ to accept the file (ingestion, records/s), the time from that answer to the firs
 prediction, and the server process's peak RSS (``VmHWM``) while the job runs for ``--watch``
 seconds, then its RSS after ``DELETE``:
 
-    python -m app.bench_jobs --scale              # 1,000 vs 100,000 records
+    python -m bart_opt.bench.service_jobs --scale              # 1,000 vs 100,000 records
 """
 
 from __future__ import annotations
@@ -46,14 +46,14 @@ from pathlib import Path
 
 import httpx
 
-from app.bench_load import ServerProcess
+from bart_opt.bench.service_load import ServerProcess
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SIZE = 32
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m app.bench_jobs", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bart_opt.bench.service_jobs", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=200, help="records (default 200)")
     p.add_argument("--median-tokens", type=int,
                    help="median article length in tokens (default 800; 280 with --scale)")
@@ -94,7 +94,7 @@ def write_records(path: Path, model: str, n: int, median_tokens: int, sigma: flo
 
     from transformers import AutoTokenizer
 
-    from bart_opt.bench_batching import cnn_like_articles
+    from bart_opt.bench.batching import cnn_like_articles
     from bart_opt.demo import random_sentence
 
     tokenizer = AutoTokenizer.from_pretrained(model)

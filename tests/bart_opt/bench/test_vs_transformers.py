@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bart_opt import bench
+from bart_opt.bench import vs_transformers as bench
 
 
 def test_tiny_bench_writes_json_table_and_plot(tmp_path, capsys):

@@ -4,7 +4,7 @@ It builds random checkpoints (nothing is downloaded) and runs, on the chosen dev
 
 1. parity: bart_opt against transformers on the same batches, greedy and beam search, in
    every dtype the device runs: exact mode must be identical; the default's agreement and the
-   score gaps of its differences are reported (`bart_opt.bench_fidelity`);
+   score gaps of its differences are reported (`bart_opt.bench.fidelity`);
 2. out of memory: a batch that cannot fit is split and retried. On CUDA the memory is really
    capped (`torch.cuda.set_per_process_memory_fraction`); elsewhere the failure is injected;
 3. memory: the seed's table, forward and 9-step generate against transformers
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from bart_opt.bench_fidelity import Workload, measure_dtype
-from bart_opt.bench_fidelity import build_checkpoint as build_fidelity_checkpoint
+from bart_opt.bench.fidelity import Workload, measure_dtype
+from bart_opt.bench.fidelity import build_checkpoint as build_fidelity_checkpoint
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ def _real_cuda_oom(summarizer, texts, settings, device: torch.device) -> Outcome
 
 def check_memory(device: torch.device, plan: Plan, workdir: Path) -> list[Outcome]:
     """The seed's table: bart_opt's and transformers' peaks, and whether the outputs agree."""
-    from bart_opt import bench
+    from bart_opt.bench import vs_transformers as bench
 
     outcomes = []
     for k, argv in enumerate(plan.bench_runs):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
+from app.jobs.job import Job
 from app.jobs.store import JobStore, NewJob, StoredRecord
 from bart_opt.data import Record, RecordStream
 from bart_opt.errors import InvalidRequest
@@ -69,7 +70,7 @@ class Intake:
         self.lease_s = lease_s
 
     def load(self, job: NewJob, records: RecordStream,
-             cancelled: threading.Event | None = None) -> tuple[dict, bool]:
+             cancelled: threading.Event | None = None) -> tuple[Job, bool]:
         """Create `job` with the records of `records`; ``(queued job, True)``, or ``(existing, False)``
         when its idempotency key is taken (nothing is read then).
 

@@ -40,6 +40,7 @@ import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from app.jobs.job import Job
 from app.jobs.runner import JobRunner, RunnerConfig, _Run
 from app.jobs.store import BatchWrite, JobStore
 from bart_opt.distributed import (
@@ -131,25 +132,25 @@ class RayJobRunner(JobRunner):
     def _model(self) -> ReplicaPool:
         return self.pool
 
-    def _process(self, job: dict, spec: GenerationSpec) -> bool:
+    def _process(self, job: Job, spec: GenerationSpec) -> bool:
         """Run every pending record on the cluster and store the results; False when the job failed."""
-        run = _Run(job["id"], job["runs"])
+        run = _Run(job.id, job.runs)
         self._live = (run.started, 0)
-        pending = job["total"] - job["done"]
+        pending = job.pending
         if pending <= 0:
             return True
         try:
             placement = self.pool.start()
         except ClusterError as error:
             return self._cluster_failed(run, error)
-        source = PendingRecords(str(self.store.path.resolve()), run.job_id, job["total"],
-                                records_per_call(job["total"], placement.replicas))
+        source = PendingRecords(str(self.store.path.resolve()), run.job_id, job.total,
+                                records_per_call(job.total, placement.replicas))
         here = {NODE_ID_LABEL: ray.get_runtime_context().get_node_id()}
         dataset = ray.data.read_datasource(source, num_cpus=0, concurrency=READ_TASKS, label_selector=here)
         feed = _Feed(self._attention)
         feed.start(self.pool.run(dataset, spec, records=pending, stopped=feed.stopping.is_set,
                                  on_status=functools.partial(self._detail, run.job_id)))
-        written = bytearray(job["total"])  # 1 at the positions this run has written
+        written = bytearray(job.total)  # 1 at the positions this run has written
         try:
             while (batch := self._next(feed)) is not None:
                 fresh = [k for k, position in enumerate(batch.positions) if not written[position]]

@@ -47,6 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from app.jobs.job import Job
 from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
 from app.service import shown_model
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
@@ -218,22 +219,22 @@ class JobRunner:
             self._stop.wait(0.1)
         return False
 
-    def _run(self, job: dict) -> None:
-        job_id = job["id"]
+    def _run(self, job: Job) -> None:
+        job_id = job.id
         summarizer = self.summarize.summarizer
         with self._lock:
             self._current, self._current_cancelled = job_id, False
         self._renewed = time.monotonic()
         self.on_change()
-        logger.info("job %s: run %d, %d of %d examples done", job_id, job["runs"], job["done"], job["total"])
+        logger.info("job %s: run %d, %d of %d examples done", job_id, job.runs, job.done, job.total)
         try:
-            if job["model"] != summarizer.name:
-                self._store(self.store.fail, job_id, f"the job was submitted for model {shown_model(job['model'])!r} but the "
+            if job.model != summarizer.name:
+                self._store(self.store.fail, job_id, f"the job was submitted for model {shown_model(job.model)!r} but the "
                             f"server now runs {shown_model(summarizer.name)!r}; submit it again", self.owner)
                 return
-            spec = GenerationSpec.from_dict(job["generation"])
+            spec = GenerationSpec.from_dict(job.generation)
             if self._process(job, spec):
-                self._conclude(job_id, job["generation"])
+                self._conclude(job_id, job.generation)
         except _Interrupted:
             self._interrupted(job_id)
         except _StoreDown as down:
@@ -278,11 +279,11 @@ class JobRunner:
 
     # ---- windows and batches -----------------------------------------------------------
 
-    def _process(self, job: dict, spec: GenerationSpec) -> bool:
+    def _process(self, job: Job, spec: GenerationSpec) -> bool:
         """Run and store every pending record, a window at a time; True when all are stored,
         False when the job was failed."""
         self._live = (time.perf_counter(), 0)
-        run = _Run(job["id"], job["runs"])
+        run = _Run(job.id, job.runs)
         after = -1
         while True:
             self._check()
@@ -463,23 +464,23 @@ class JobRunner:
     def _conclude(self, job_id: str, generation: dict) -> None:
         """Every record has a row: ``failed`` when all failed, else ``succeeded`` with the metrics."""
         job = self._store(self.store.get, job_id)
-        if job["done"] != job["total"]:
-            raise RuntimeError(f"job {job_id} has {job['done']} rows for {job['total']} records")
-        if job["failed"] == job["total"]:
+        if job.done != job.total:
+            raise RuntimeError(f"job {job_id} has {job.done} rows for {job.total} records")
+        if job.failed == job.total:
             firsts = self._store(self.store.first_failures, job_id, FIRST_REASONS)
             reasons = "; ".join(f"{example_id!r}: {error}" for example_id, error in firsts)
-            self._store(self.store.fail, job_id, f"all {job['total']} examples failed; the first: {reasons}",
+            self._store(self.store.fail, job_id, f"all {job.total} examples failed; the first: {reasons}",
                         self.owner)
             logger.info("job %s failed: every example failed", job_id)
             return
         model = self._model()
         metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), summarizer=model,
                                                         generation=generation))
-        if job["baselines"]:  # on this thread, on the CPU: the device goes on with other work
+        if job.baselines:  # on this thread, on the CPU: the device goes on with other work
             metrics["baselines"] = self._store(lambda: score_baselines(
-                job["baselines"], lambda: self.store.iter_records(job_id), model.scorer))
+                job.baselines, lambda: self.store.iter_records(job_id), model.scorer))
         if self._store(self.store.finish, job_id, self.owner, metrics):
-            logger.info("job %s succeeded (%d of %d examples failed)", job_id, job["failed"], job["total"])
+            logger.info("job %s succeeded (%d of %d examples failed)", job_id, job.failed, job.total)
 
     # ---- helpers ---------------------------------------------------------------------------
 

@@ -30,7 +30,6 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from app.errors import ApiError
@@ -38,11 +37,11 @@ from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, Lo
 from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
 from app.jobs.runner import JobRunner, RunnerConfig
 from app.jobs.schema import SchemaTooNew
-from app.jobs.schemas import EvaluateRequest
+from app.jobs.job import Job
+from app.jobs.schemas import EvaluateRequest, JobView
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
-from app.jobs.store import ACTIVE, ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
+from app.jobs.store import ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics
-from app.service import shown_model
 from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.readers import TooLarge
@@ -224,7 +223,7 @@ class JobService:
                     records.close()
             if not created:
                 return self._replay(job, idempotency_key, request_hash), False
-            logger.debug("job %s from %s", job["id"], where)
+            logger.debug("job %s from %s", job.id, where)
         self.runner.wake()
         self._changed.set()
         return self.view(job), True
@@ -299,13 +298,13 @@ class JobService:
         """
         with self._store_errors():
             job = self._job(job_id)
-            if job["status"] in ACTIVE and self.store.cancel(job_id):
+            if job.active and self.store.cancel(job_id):
                 self.runner.cancel(job_id)
                 self._changed.set()
                 logger.info("job %s cancelled", job_id)
                 job = self._job(job_id)
-            if job["status"] != "cancelled":
-                raise ApiError(409, "job_finished", f"job {job_id} already {job['status']}; there is nothing to cancel")
+            if job.status != "cancelled":
+                raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel")
             return self.view(job, detail=True)
 
     def prediction_lines(self, job_id: str, errors: str = "include") -> Iterator[str]:
@@ -335,66 +334,32 @@ class JobService:
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _job(self, job_id: str) -> dict:
+    def job(self, job_id: str) -> Job:
+        """The job `job_id` as stored; 404 when unknown (or still loading), 503 while the store is down."""
+        with self._store_errors():
+            return self._job(job_id)
+
+    def _job(self, job_id: str) -> Job:
         self._check_available()
         job = self.store.get(job_id)
-        if job is None or job["status"] == "loading":
+        if job is None or job.status == "loading":
             raise ApiError(404, "job_not_found", f"no evaluation job {shown(job_id)}")
         return job
 
-    def _replay(self, job: dict, key: str, request_hash: str) -> dict:
-        if job["request_hash"] != request_hash:
+    def _replay(self, job: Job, key: str, request_hash: str) -> dict:
+        if job.request_hash != request_hash:
             raise ApiError(409, "idempotency_key_reused",
-                           f"Idempotency-Key {key!r} was already used for a different request (job {job['id']})",
+                           f"Idempotency-Key {key!r} was already used for a different request (job {job.id})",
                            field="Idempotency-Key")
-        if job["status"] == "loading":
+        if job.status == "loading":
             raise ApiError(409, "idempotency_key_in_progress",
                            f"a request with Idempotency-Key {key!r} is still loading its dataset; retry shortly",
                            field="Idempotency-Key", headers={"Retry-After": "1"})
         return self.view(job)
 
-    def view(self, job: dict, *, detail: bool = False) -> dict:
-        """The API view of a store row (`detail` adds the per-batch memory list)."""
-        metrics = job["metrics"] or {}
-        done, total, active = job["done"], job["total"], job["active_s"]
-        rate = done / active if done and active > 0 else None
-        eta = (total - done) / rate if rate and job["status"] in ACTIVE else None
-        final_memory = metrics.get("memory", {})
-        memory = {"peak_bytes": job["peak_bytes"], "device": final_memory.get("device"),
-                  "peak_source": final_memory.get("peak_source")}
-        if detail:
-            memory["batches"] = self.store.batches(job["id"])
-        runtime = metrics.get("runtime_s", job["work_s"])
-        links = {"self": f"/evaluate/{job['id']}", "predictions": f"/evaluate/{job['id']}/predictions",
-                 "errors": f"/evaluate/{job['id']}/predictions?errors=only"}
-        return {
-            "id": job["id"],
-            "status": job["status"],
-            "model": shown_model(job["model"]),
-            "dataset": job["dataset"],
-            "columns": job["columns"],
-            "limit": job["record_limit"],
-            "generation": job["generation"],
-            "created_at": _iso(job["created_at"]),
-            "started_at": _iso(job["started_at"]),
-            "finished_at": _iso(job["finished_at"]),
-            "progress": {"done": done, "failed": job["failed"], "total": total, "rate": rate, "eta_s": eta},
-            "rouge": metrics.get("rouge"),
-            "baselines": [_baseline_view(name, metrics.get("baselines", {}).get(name)) for name in job["baselines"]],
-            "memory": memory,
-            "timing": {
-                "runtime_s": runtime,
-                "seconds_per_sample": metrics.get("seconds_per_sample", runtime / done if done else None),
-                "active_s": active,
-                "queue_s": job["started_at"] - job["created_at"] if job["started_at"] is not None else None,
-            },
-            "tokens": metrics.get("tokens"),
-            "padding": metrics.get("padding"),
-            "error": job["error"],
-            "status_detail": job["status_detail"],
-            "runs": job["runs"],
-            "links": links,
-        }
+    def view(self, job: Job, *, detail: bool = False) -> dict:
+        """The API view of `job` (`JobView.of`) as a dict; `detail` adds the per-batch memory list."""
+        return JobView.of(job, batches=self.store.batches(job.id) if detail else None).model_dump()
 
 
 def _hub_problem(hub: str, error: HubUnavailable) -> str:
@@ -409,20 +374,8 @@ def _hub_problem(hub: str, error: HubUnavailable) -> str:
     return f"could not load {hub!r} from the hub; the server log has the reason"
 
 
-def _baseline_view(name: str, metrics: dict | None) -> dict:
-    """A requested baseline as the API shows it (no scores before the job's end)."""
-    if metrics is None:
-        return {"name": name, "rouge": None, "n_scored": None}
-    return {"name": name, "rouge": metrics["rouge"], "n_scored": metrics["n_scored"]}
-
-
 def _hash(body: EvaluateRequest) -> str:
     """A digest of the request as the client meant it (for Idempotency-Key replays)."""
     canonical = json.dumps(body.model_dump(mode="json", exclude_unset=True), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
-
-def _iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")

@@ -44,11 +44,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.jobs.job import ACTIVE, STATUSES, Job
 from app.jobs.schema import migrate
 from bart_opt.data import Record
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "running")
 ERROR_FILTERS = ("include", "only", "exclude")
 
 # A job restarted this many times in a row without finishing a batch is failed, not resumed again
@@ -228,7 +227,7 @@ class JobStore:
 
     # ---- submitting ----------------------------------------------------------------------
 
-    def begin(self, job: NewJob, owner: str, lease_s: float) -> tuple[dict, bool]:
+    def begin(self, job: NewJob, owner: str, lease_s: float) -> tuple[Job, bool]:
         """Insert `job` as ``loading``, owned by `owner`; returns ``(job, True)``.
 
         When `job.idempotency_key` is already taken, nothing is inserted and the existing job
@@ -286,7 +285,7 @@ class JobStore:
             seen[example_id] = stored.position
         return DuplicateId("?", -1, -1)
 
-    def seal(self, job_id: str, owner: str, total: int) -> dict | None:
+    def seal(self, job_id: str, owner: str, total: int) -> Job | None:
         """Make a ``loading`` job of `owner` ``queued`` with `total` records (None if it is not).
 
         The submission time becomes the moment it was sealed, so it queues after jobs that were
@@ -300,7 +299,7 @@ class JobStore:
             ).rowcount
         return self.get(job_id) if changed else None
 
-    def create(self, job: NewJob, records: Sequence[Record]) -> tuple[dict, bool]:
+    def create(self, job: NewJob, records: Sequence[Record]) -> tuple[Job, bool]:
         """`begin`, `add_records` and `seal` at once: a queued job with `records` (small jobs, tests)."""
         owner = f"create:{job.id}"
         created, new = self.begin(job, owner, lease_s=60)
@@ -335,19 +334,19 @@ class JobStore:
 
     # ---- finding ---------------------------------------------------------------------------
 
-    def get(self, job_id: str) -> dict | None:
-        """The job as a dict (JSON columns decoded), or None."""
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None."""
         with self._read() as connection:
             row = connection.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return _job(row)
 
-    def find_by_key(self, key: str) -> dict | None:
+    def find_by_key(self, key: str) -> Job | None:
         """The job created with idempotency key `key`, or None."""
         with self._read() as connection:
             row = connection.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
         return _job(row)
 
-    def list(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[dict]:
+    def list(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[Job]:
         """Jobs, newest first, optionally only those with `status` (``loading`` ones never)."""
         where, args = ("status = ?", [status]) if status else ("status != 'loading'", [])
         with self._read() as connection:
@@ -456,7 +455,7 @@ class JobStore:
 
     # ---- the runner's transitions ------------------------------------------------------
 
-    def claim_next(self, owner: str, lease_s: float) -> dict | None:
+    def claim_next(self, owner: str, lease_s: float) -> Job | None:
         """Give `owner` the oldest claimable job, marked ``running`` under its lease (None when none).
 
         Claimable: queued, or running under a lease that expired (its owner stopped renewing:
@@ -595,11 +594,11 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _job(row: sqlite3.Row | None) -> dict | None:
+def _job(row: sqlite3.Row | None) -> Job | None:
     if row is None:
         return None
     job = dict(row)
     for column in _JSON_COLUMNS:
         if job[column] is not None:
             job[column] = json.loads(job[column])
-    return job
+    return Job.from_row(job)

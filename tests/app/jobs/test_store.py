@@ -45,30 +45,30 @@ def pending_ids(store, job_id="job-1", after=-1, records=100, chars=10**9) -> li
 
 def test_create_keeps_the_records_and_starts_queued(store):
     job, created = store.create(new_job(), RECORDS)
-    assert created and job["status"] == "queued" and job["total"] == 5 and job["done"] == 0
-    assert job["generation"] == {"num_beams": 2} and job["dataset"] == {"file": "x.jsonl"}
+    assert created and job.status == "queued" and job.total == 5 and job.done == 0
+    assert job.generation == {"num_beams": 2} and job.dataset == {"file": "x.jsonl"}
     assert [stored.record for stored in store.pending("job-1", -1, 100, 10**9)] == RECORDS
     assert store.get("nope") is None and store.counts()["queued"] == 1
 
 
 def test_a_submission_streams_in_chunks_and_stays_invisible_until_sealed(store):
     job, created = store.begin(new_job(key="k"), A, lease_s=30)
-    assert created and job["status"] == "loading"
+    assert created and job.status == "loading"
     assert store.add_records("job-1", A, 30, [StoredRecord(i, r) for i, r in enumerate(RECORDS[:3])])
     assert not store.add_records("job-1", B, 30, [StoredRecord(3, RECORDS[3])])  # not B's
     assert store.list() == [] and store.counts() == dict.fromkeys(("queued", "running", "succeeded", "failed",
                                                                    "cancelled"), 0)
     assert store.claim_next(B, 30) is None  # nobody runs a job that is still loading
     again, new = store.begin(new_job("job-2", key="k"), B, lease_s=30)
-    assert not new and again["id"] == "job-1" and again["status"] == "loading"
+    assert not new and again.id == "job-1" and again.status == "loading"
     with pytest.raises(DuplicateId, match=r"duplicate id 'id-1' at rows 1 and 4"):
         store.add_records("job-1", A, 30, [StoredRecord(3, RECORDS[3]), StoredRecord(4, RECORDS[1])])
     with pytest.raises(DuplicateId, match=r"duplicate id 'id-3' at rows 3 and 4"):
         store.add_records("job-1", A, 30, [StoredRecord(3, RECORDS[3]), StoredRecord(4, RECORDS[3])])
     assert pending_ids(store) == ["id-0", "id-1", "id-2"]  # the refused chunks left nothing
     sealed = store.seal("job-1", A, 3)
-    assert sealed["status"] == "queued" and sealed["total"] == 3 and sealed["owner"] is None
-    assert [job["id"] for job in store.list()] == ["job-1"] and store.counts()["queued"] == 1
+    assert sealed.status == "queued" and sealed.total == 3 and sealed.owner is None
+    assert [job.id for job in store.list()] == ["job-1"] and store.counts()["queued"] == 1
 
 
 def test_discard_removes_a_job_and_a_dead_loaders_job_is_discarded(store):
@@ -92,8 +92,8 @@ def test_same_idempotency_key_gives_the_existing_job_even_when_racing(store):
     for thread in threads:
         thread.join()
     assert sum(created for _, created in results) == 1
-    assert len({job["id"] for job, _ in results}) == 1
-    assert len(store.list()) == 1 and store.find_by_key("k")["id"] == results[0][0]["id"]
+    assert len({job.id for job, _ in results}) == 1
+    assert len(store.list()) == 1 and store.find_by_key("k").id == results[0][0].id
     with sqlite3.connect(store.path) as connection:  # the losers left no records behind
         assert connection.execute("SELECT COUNT(*) FROM records").fetchone()[0] == len(RECORDS)
 
@@ -101,7 +101,7 @@ def test_same_idempotency_key_gives_the_existing_job_even_when_racing(store):
 def test_batches_are_written_once_per_example_and_only_by_the_running_owner(store):
     store.create(new_job(), RECORDS)
     assert not store.write_batch("job-1", A, rows_for(RECORDS[:2]))  # still queued
-    assert store.claim_next(A, 30)["status"] == "running"
+    assert store.claim_next(A, 30).status == "running"
     assert not store.write_batch("job-1", B, rows_for(RECORDS[:2]))  # not B's job
     assert store.write_batch("job-1", A, rows_for(RECORDS[:2]))
     assert pending_ids(store) == ["id-2", "id-3", "id-4"]
@@ -109,13 +109,13 @@ def test_batches_are_written_once_per_example_and_only_by_the_running_owner(stor
         store.write_batch("job-1", A, rows_for(RECORDS[1:3]))  # id-1 again: the whole batch is refused
     assert pending_ids(store) == ["id-2", "id-3", "id-4"]
     job = store.get("job-1")
-    assert job["done"] == 2 and job["work_s"] == 1.0 and job["active_s"] == 2.0 and job["peak_bytes"] == 2000
+    assert job.done == 2 and job.work_s == 1.0 and job.active_s == 2.0 and job.peak_bytes == 2000
     assert [b["size"] for b in store.batches("job-1")] == [2]
     refused = BatchWrite(rows=rows_for(RECORDS[2:3], error="too long").rows, positions=[2], run=1, model_call=False)
     assert store.write_batch("job-1", A, refused)
     assert [b["size"] for b in store.batches("job-1")] == [2]  # error rows without a model call: no batch
     assert store.cancel("job-1") and not store.write_batch("job-1", A, rows_for(RECORDS[3:4]))
-    assert store.get("job-1")["done"] == 3 and not store.cancel("job-1")
+    assert store.get("job-1").done == 3 and not store.cancel("job-1")
 
 
 def test_prediction_lines_come_in_record_order_across_pages_and_filter_errors(store):
@@ -132,7 +132,7 @@ def test_prediction_lines_come_in_record_order_across_pages_and_filter_errors(st
     assert store.first_failures("job-1", 2) == [("id-0", "boom"), ("id-2", "boom")]
     assert [row["id"] for row in store.iter_rows("job-1", page=2)] == [r.id for r in RECORDS]
     job = store.get("job-1")
-    assert job["done"] == 5 and job["failed"] == 3
+    assert job.done == 5 and job.failed == 3
 
 
 def test_pending_windows_stop_at_records_or_characters(store):
@@ -149,32 +149,32 @@ def test_pending_windows_stop_at_records_or_characters(store):
 def test_a_lease_keeps_others_out_until_it_expires_then_the_job_is_taken_over(store):
     store.create(new_job(), RECORDS)
     first = store.claim_next(A, lease_s=0.3)
-    assert first["owner"] == A and first["runs"] == 1
+    assert first.owner == A and first.runs == 1
     assert store.claim_next(B, 30) is None  # A's lease holds
     assert store.renew("job-1", A, 0.3) and not store.renew("job-1", B, 0.3)
     store.write_batch("job-1", A, rows_for(RECORDS[:1]))
     time.sleep(0.4)  # A stops renewing: it died
     taken = store.claim_next(B, 30)
-    assert taken["id"] == "job-1" and taken["owner"] == B and taken["runs"] == 2 and taken["stalled_runs"] == 0
+    assert taken.id == "job-1" and taken.owner == B and taken.runs == 2 and taken.stalled_runs == 0
     assert not store.renew("job-1", A, 30) and not store.write_batch("job-1", A, rows_for(RECORDS[1:2]))
     assert not store.finish("job-1", A, {}) and not store.fail("job-1", "A's late verdict", A)
     assert store.write_batch("job-1", B, rows_for(RECORDS[1:2], run=2))
-    assert store.finish("job-1", B, {"rouge": None}) and store.get("job-1")["status"] == "succeeded"
+    assert store.finish("job-1", B, {"rouge": None}) and store.get("job-1").status == "succeeded"
 
 
 def test_an_owner_takes_its_own_job_back_at_once(store):
     store.create(new_job(), RECORDS)
     store.claim_next(A, 30)
     again = store.claim_next(A, 30)  # A dropped it while the database was down, and claims again
-    assert again["id"] == "job-1" and again["runs"] == 2
+    assert again.id == "job-1" and again.runs == 2
 
 
 def test_a_clean_release_is_no_stall(store):
     store.create(new_job(), RECORDS)
     for _ in range(MAX_STALLED_RUNS + 2):  # deploys while the first batch runs: never a failure
         job = store.claim_next(A, 30)
-        assert job["status"] == "running" and job["stalled_runs"] == 0
-        assert store.release("job-1", A) and store.get("job-1")["status"] == "queued"
+        assert job.status == "running" and job.stalled_runs == 0
+        assert store.release("job-1", A) and store.get("job-1").status == "queued"
     assert not store.release("job-1", A)  # not running any more
 
 
@@ -183,10 +183,10 @@ def test_a_job_that_never_finishes_a_batch_is_failed_after_repeated_takeovers(st
     store.claim_next(A, 0)
     store.write_batch("job-1", A, rows_for(RECORDS[:1]))  # progress in run 1
     for i in range(MAX_STALLED_RUNS):  # the first takeover follows progress, the others none
-        assert store.claim_next(f"owner-{i}", 0)["status"] == "running"
+        assert store.claim_next(f"owner-{i}", 0).status == "running"
     assert store.claim_next("last", 0) is None
     job = store.get("job-1")
-    assert job["status"] == "failed" and f"stopped {MAX_STALLED_RUNS} times" in job["error"]
+    assert job.status == "failed" and f"stopped {MAX_STALLED_RUNS} times" in job.error
 
 
 def test_progress_resets_the_stall_count(store):
@@ -195,9 +195,9 @@ def test_progress_resets_the_stall_count(store):
     store.write_batch("job-1", A, rows_for(RECORDS[:1]))
     for i in range(1, MAX_STALLED_RUNS + 2):
         job = store.claim_next(f"owner-{i}", 0)
-        assert job["stalled_runs"] == 0
-        store.write_batch("job-1", f"owner-{i}", rows_for(RECORDS[i : i + 1], run=job["runs"]))
-    assert store.get("job-1")["status"] == "running"
+        assert job.stalled_runs == 0
+        store.write_batch("job-1", f"owner-{i}", rows_for(RECORDS[i : i + 1], run=job.runs))
+    assert store.get("job-1").status == "running"
 
 
 def test_counts_are_kept_by_triggers_not_counted(store):
@@ -242,19 +242,19 @@ def test_a_database_of_the_first_schema_migrates_forward_keeping_its_jobs(tmp_pa
     with sqlite3.connect(path) as connection:
         assert version(connection) == VERSION == 4
     old = store.get("old")
-    assert old["baselines"] == []  # jobs from before baselines asked for none
-    assert (old["status"], old["done"], old["failed"], old["peak_bytes"], old["owner"]) == ("running", 2, 1, 900, None)
+    assert old.baselines == ()  # jobs from before baselines asked for none
+    assert (old.status, old.done, old.failed, old.peak_bytes, old.owner) == ("running", 2, 1, 900, None)
     assert store.counts() == {"queued": 0, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 0}
     assert [row["id"] for row in map(json.loads, store.prediction_lines("old", "only"))] == ["id-1"]
     claimed = store.claim_next(A, 30)  # left running by the old server: no lease, so claimable
-    assert claimed["id"] == "old" and claimed["runs"] == 2 and pending_ids(store, "old") == ["id-2"]
+    assert claimed.id == "old" and claimed.runs == 2 and pending_ids(store, "old") == ["id-2"]
     with pytest.raises(DuplicateId):  # the id index exists
         store.begin(new_job("n"), A, 30)
         store.add_records("n", A, 30, [StoredRecord(0, RECORDS[0]), StoredRecord(1, RECORDS[0])])
     store.close()
     again = JobStore(path)
     again.initialize()  # opening a migrated database again changes nothing
-    assert again.get("old")["runs"] == 2
+    assert again.get("old").runs == 2
     again.close()
 
 

@@ -22,7 +22,7 @@ from app.errors import document_errors, install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, TimeLimitMiddleware
-from app.routes import compare, dashboard, evaluate, examples, health, metrics, summarize
+from app.routes import compare, dashboard, evaluate, examples, health, metrics, options, summarize
 from app.security import require_api_key
 from app.service import SummarizerLoader, SummarizeService, load_summarizer
 from app.settings import Settings
@@ -74,6 +74,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(evaluate.router, dependencies=protected)
     app.include_router(examples.router, dependencies=protected)
     app.include_router(compare.router, dependencies=protected)
+    app.include_router(options.router, dependencies=protected)
     app.include_router(dashboard.router)
     document_errors(app)
     return app

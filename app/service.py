@@ -20,7 +20,6 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import torch
 from starlette.concurrency import run_in_threadpool
 
 from app.errors import ApiError
@@ -42,22 +41,11 @@ _NOT_READY_RETRY_AFTER = "5"
 
 
 def load_summarizer(settings: Settings, **summarizer_options) -> Summarizer:
-    """Load the Summarizer the settings describe ('auto' device and dtype left to the pipeline).
+    """Load the Summarizer the settings' engine options describe (`bart_opt.options.EngineOptions`).
 
     `summarizer_options` go to the Summarizer's constructor (e.g. its ``before_model_call`` hook).
     """
-    return Summarizer.from_pretrained(
-        settings.model,
-        device=None if settings.device == "auto" else settings.device,
-        dtype=None if settings.dtype == "auto" else getattr(torch, settings.dtype),
-        max_batch_tokens=settings.max_batch_tokens,
-        max_batch_size=settings.max_batch_size,
-        max_beams=settings.max_beams,
-        exact=settings.exact,
-        fast=settings.fast,
-        **summarizer_options,
-    )
-
+    return settings.engine_options().load(**summarizer_options)
 
 
 def shown_model(model: str) -> str:
@@ -109,8 +97,6 @@ class SummarizeService:
             self.worker.stop(timeout=self.settings.shutdown_timeout)
 
     def _load(self) -> SummarizerRunner:
-        if self.settings.torch_threads is not None:
-            torch.set_num_threads(self.settings.torch_threads)
         started = time.perf_counter()
         summarizer = self._load_summarizer(self.settings)
         logger.info("loaded %s on %s in %.1f s", summarizer.name, summarizer.device, time.perf_counter() - started)

@@ -59,7 +59,8 @@ from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate import iter_predictions, refused_row
 from bart_opt.rouge import RougeScorer
 from bart_opt.spec import GenerationSpec
-from bart_opt.summarizer import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, Summarizer, check_text
+from bart_opt.options import EngineOptions
+from bart_opt.summarizer import check_text
 
 logger = logging.getLogger("bart_opt.distributed")
 
@@ -111,25 +112,6 @@ class ClusterOptions:
                 raise InvalidRequest(name, f"must be > 0, got {getattr(self, name)}")
         if self.task_retries < 0:
             raise InvalidRequest("task_retries", f"must be >= 0, got {self.task_retries}")
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """What each replica loads: `Summarizer.from_pretrained(model, ...)` with these options.
-
-    `model` must name the same checkpoint on every node: a hub id, or a folder at the same
-    path everywhere (a shared volume). `device` is set by `ReplicaPool` from the GPUs asked for.
-    """
-
-    model: str
-    dtype: str | None = None
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    max_beams: int | None = None
-    count_cpu_tensors: bool = True
-    exact: bool = False
-    fast: bool = False
-    device: str = "cpu"
 
 
 @dataclass
@@ -291,14 +273,9 @@ class Replica:
     ``seconds``, ``call_started_at``, ``finished_at``, ``model_call``, ``replica``.
     """
 
-    def __init__(self, config: ReplicaConfig, spec: GenerationSpec, threads: int):
-        torch.set_num_threads(threads)
+    def __init__(self, engine: EngineOptions, spec: GenerationSpec):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.summarizer = Summarizer.from_pretrained(
-            config.model, device=config.device, dtype=config.dtype, max_batch_tokens=config.max_batch_tokens,
-            max_batch_size=config.max_batch_size, max_beams=config.max_beams,
-            count_cpu_tensors=config.count_cpu_tensors, exact=config.exact, fast=config.fast,
-        )
+        self.summarizer = engine.load()
         self.spec = spec
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
 
@@ -340,13 +317,14 @@ class Replica:
 class ReplicaPool:
     """Replicas of one checkpoint on a Ray cluster (see the module docstring).
 
-    `name` is how results name the model (default: `config.model`). `on_status(message)` hears
+    `engine` is what each replica loads (`EngineOptions`; the pool sets its device, threads and an absolute
+    checkpoint path). `name` is how results name the model (default: ``engine.model`` as given). `on_status(message)` hears
     what the pool is waiting for ("waiting for room ...", "starting ..."); `timings` collects
     ``connect_s`` (joining or starting Ray) and ``first_result_s`` (of the last run: from its
     start to its first finished batch, replicas' start and model loading included).
     """
 
-    config: ReplicaConfig
+    engine: EngineOptions
     options: ClusterOptions = field(default_factory=ClusterOptions)
     name: str = ""
     on_status: Callable[[str], None] = lambda message: None
@@ -354,9 +332,10 @@ class ReplicaPool:
     timings: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        device = "cuda" if self.options.gpus_per_replica > 0 else "cpu"
-        self.config = replace(self.config, device=device)
-        self.name = self.name or self.config.model
+        self.name = self.name or self.engine.model
+        # Replicas start in other folders, on their own devices and threads.
+        self.engine = replace(self.engine.portable(), device="cuda" if self.options.gpus_per_replica > 0 else "cpu",
+                              torch_threads=self.options.threads_per_replica)
         self.placement: Placement | None = None
         self._configs = None
 
@@ -365,11 +344,11 @@ class ReplicaPool:
     @property
     def device(self) -> torch.device:
         """The replicas' device type (``cuda`` when they have GPUs)."""
-        return torch.device(self.config.device)
+        return torch.device(self.engine.device)
 
     @property
     def count_cpu_tensors(self) -> bool:
-        return self.config.count_cpu_tensors
+        return self.engine.count_cpu_tensors
 
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
         """`overrides` resolved over the checkpoint's generation config, read on the driver without
@@ -379,10 +358,10 @@ class ReplicaPool:
 
             from bart_opt.loading import load_generation_config, resolve_checkpoint
 
-            folder = resolve_checkpoint(self.config.model)
+            folder = resolve_checkpoint(self.engine.model)
             config = BartConfig.from_pretrained(str(folder))
             self._configs = (config, load_generation_config(folder, config))
-        return GenerationSpec.resolve(*self._configs, overrides, max_beams=self.config.max_beams)
+        return GenerationSpec.resolve(*self._configs, overrides, max_beams=self.engine.max_beams)
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -438,8 +417,7 @@ class ReplicaPool:
             warnings.simplefilter("ignore", DeprecationWarning)
             pipeline = dataset.map_batches(
                 Replica,
-                fn_constructor_kwargs={"config": self.config, "spec": spec,
-                                       "threads": self.options.threads_per_replica},
+                fn_constructor_kwargs={"engine": self.engine, "spec": spec},
                 batch_size=per_call,
                 batch_format="pyarrow",
                 # No more replicas than calls: each would load the model for nothing.
@@ -527,5 +505,5 @@ def _translated(results: Iterator[dict], options: ClusterOptions) -> Iterator[di
         raise ClusterError(f"a Ray replica failed: {_first_line(error)}") from error
 
 
-__all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaConfig", "ReplicaPool",
+__all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaPool",
            "connect", "disconnect", "exit_process", "place", "records_per_call"]

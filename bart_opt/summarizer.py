@@ -20,6 +20,7 @@ result back per request (the service's micro-batcher).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import time
@@ -33,10 +34,10 @@ import torch
 from bart_opt.batching import (
     DEFAULT_OOM_ERRORS, SplitOutcome, collate, plan_batches, run_with_oom_split, trim_pad_columns,
 )
-from bart_opt.config import resolve_dtype
 from bart_opt.errors import InvalidRequest
 from bart_opt.generation import Cancelled
 from bart_opt.memory import measure
+from bart_opt.options import EngineOptions
 from bart_opt.rouge import RougeScorer
 from bart_opt.spec import GenerationSpec
 
@@ -45,8 +46,8 @@ if TYPE_CHECKING:
 
 PHASES = ("tokenize", "generate", "decode", "score")
 CANCELLED = "cancelled: the caller withdrew this input before its summary was finished"
-DEFAULT_MAX_BATCH_TOKENS = 32768  # the seed's 8 inputs x 1024 tokens x 4 beams
-DEFAULT_MAX_BATCH_SIZE = 64
+DEFAULT_MAX_BATCH_TOKENS = EngineOptions.max_batch_tokens  # the library's (and the CLI's) defaults
+DEFAULT_MAX_BATCH_SIZE = EngineOptions.max_batch_size
 
 
 @dataclass
@@ -172,21 +173,38 @@ class Summarizer:
         `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
         and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
         the same device and dtype; `fast`: the faster half-precision kernels, other summaries
-        (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments go to the
-        constructor.
+        (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments are
+        `bart_opt.options.EngineOptions` fields (``max_beams``, ``count_cpu_tensors`` ...) or go
+        to the constructor (see `from_options`).
         """
+        names = {f.name for f in dataclasses.fields(EngineOptions)}
+        given = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
+        options = EngineOptions(
+            model=str(name_or_path), device="auto" if device is None else str(device),
+            dtype="auto" if dtype is None else str(dtype), max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size, exact=exact, fast=fast, **given,
+        )
+        return cls.from_options(options, **kwargs)
+
+    @classmethod
+    def from_options(cls, options: EngineOptions, **hooks) -> Summarizer:
+        """Load what `options` describe (`bart_opt.options.EngineOptions`); `hooks` go to the
+        constructor (``scorer``, ``oom_errors``, ``before_model_call``)."""
         from transformers import AutoTokenizer
 
+        from bart_opt.loading import resolve_checkpoint
         from bart_opt.model import Bart
 
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
-        dtype = resolve_dtype(dtype, default=torch.float16 if device.type == "cuda" else torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact, fast=fast)
-        return cls(model, tokenizer, name=str(name_or_path), max_batch_tokens=max_batch_tokens,
-                   max_batch_size=max_batch_size, **kwargs)
+        if options.torch_threads is not None:
+            torch.set_num_threads(options.torch_threads)
+        device = options.torch_device()
+        folder = resolve_checkpoint(options.model)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = Bart.from_pretrained(str(folder), device=device, dtype=options.torch_dtype(device),
+                                     **options.engine_kwargs())
+        return cls(model, tokenizer, name=options.model, max_batch_tokens=options.max_batch_tokens,
+                   max_batch_size=options.max_batch_size, max_beams=options.max_beams,
+                   count_cpu_tensors=options.count_cpu_tensors, **hooks)
 
     @property
     def device(self) -> torch.device:

@@ -31,7 +31,6 @@ import queue
 import sys
 import threading
 from collections.abc import Generator, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -44,7 +43,7 @@ from app.jobs.job import Job
 from app.jobs.runner import JobRunner, RunnerConfig, _Run
 from app.jobs.store import BatchWrite, JobStore
 from bart_opt.distributed import (
-    ClusterError, ClusterOptions, ReplicaBatch, ReplicaConfig, ReplicaPool, records_per_call,
+    ClusterError, ClusterOptions, ReplicaBatch, ReplicaPool, records_per_call,
 )
 from bart_opt.spec import GenerationSpec
 
@@ -114,20 +113,13 @@ class RayJobRunner(JobRunner):
     def from_settings(cls, settings: Settings, store: JobStore, summarize: SummarizeService, config: RunnerConfig,
                       owner: str, store_ready: threading.Event) -> RayJobRunner:
         """The runner of `settings`: replicas of the service's model with its dtype and budgets."""
-        model = Path(settings.model).expanduser()
-        replica = ReplicaConfig(
-            # Replicas start in other folders: a local checkpoint goes to them by its absolute path.
-            model=str(model.resolve()) if model.is_dir() else settings.model,
-            dtype=None if settings.dtype == "auto" else settings.dtype,
-            max_batch_tokens=settings.max_batch_tokens, max_batch_size=settings.max_batch_size,
-            max_beams=settings.max_beams, exact=settings.exact, fast=settings.fast,
-        )
         options = ClusterOptions(
             address=settings.ray_address, replicas=settings.ray_replicas,
             gpus_per_replica=settings.ray_gpus_per_replica, threads_per_replica=settings.ray_threads_per_replica,
             start_timeout_s=settings.ray_start_timeout_s, stall_timeout_s=settings.ray_stall_timeout_s,
         )
-        return cls(store, summarize, config, owner, store_ready, ReplicaPool(replica, options, name=settings.model))
+        pool = ReplicaPool(settings.engine_options(), options, name=settings.model)
+        return cls(store, summarize, config, owner, store_ready, pool)
 
     def _model(self) -> ReplicaPool:
         return self.pool

@@ -140,7 +140,8 @@ def _plural(count: int, word: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bart_opt.distributed import ClusterOptions, ReplicaConfig, ReplicaPool, connect
+    from bart_opt.distributed import ClusterOptions, ReplicaPool, connect
+    from bart_opt.options import EngineOptions
 
     root = Path(tempfile.mkdtemp(prefix="bart-opt-bench-cluster-"))
     try:
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         for replicas in dict.fromkeys((args.replicas, 1)):  # one replica: the CPU of one process, Ray's cost alone
             options = ClusterOptions(replicas=replicas, threads_per_replica=args.threads_per_replica)
             name = f"Ray, {_plural(replicas, 'replica')} x {_plural(args.threads_per_replica, 'thread')}"
-            paths[name] = functools.partial(run_ray, ReplicaPool(ReplicaConfig(model=args.model), options))
+            paths[name] = functools.partial(run_ray, ReplicaPool(EngineOptions(model=args.model), options))
         best: dict[str, dict] = {}
         for repeat in range(args.repeats):
             for number, (name, run) in enumerate(paths.items()):

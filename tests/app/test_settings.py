@@ -65,3 +65,29 @@ def test_importing_the_app_loads_no_model():
     main = importlib.import_module("app.main")
     assert main.app.state.service.summarizer is None
     assert main.app.state.service.worker is None
+
+
+def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(monkeypatch):
+    from bart_opt.options import EngineOptions
+
+    for name in ("MAX_BATCH_TOKENS", "MAX_BATCH_SIZE", "MAX_BEAMS", "TORCH_THREADS", "COUNT_CPU_TENSORS"):
+        monkeypatch.delenv(f"BART_OPT_{name}", raising=False)
+    s = Settings(model="m", device="cpu")
+    assert s.engine_options() == EngineOptions(model="m", device="cpu", max_batch_tokens=16384, max_batch_size=32,
+                                               max_beams=16)
+    monkeypatch.setenv("BART_OPT_TORCH_THREADS", "3")
+    monkeypatch.setenv("BART_OPT_COUNT_CPU_TENSORS", "false")
+    s = Settings(model="m")
+    assert (s.engine_options().torch_threads, s.engine_options().count_cpu_tensors) == (3, False)
+
+
+def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
+    from app.settings import engine_settings
+    from tests.bart_opt.test_options import WithStatic
+
+    class StaticSettings(engine_settings(WithStatic)):
+        model_config = Settings.model_config
+
+    assert StaticSettings().static is False
+    monkeypatch.setenv("BART_OPT_STATIC", "true")
+    assert StaticSettings().static is True

@@ -26,6 +26,7 @@ from bart_opt.cli import main
 from bart_opt.data import Record, load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions, run_evaluation
+from bart_opt.options import EngineOptions
 from bart_opt.summarizer import Summarizer
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
@@ -35,7 +36,6 @@ from bart_opt.distributed import (  # noqa: E402 - only with Ray installed
     ClusterOptions,
     Placement,
     Replica,
-    ReplicaConfig,
     ReplicaPool,
     disconnect,
     place,
@@ -106,7 +106,7 @@ def test_a_replica_runs_the_pipeline_of_one_process_and_passes_refused_records_t
     spec = summarizer.generation_spec(GEN)
     threads = torch.get_num_threads()
     try:
-        replica = Replica(ReplicaConfig(model=demo_checkpoint), spec, threads=1)
+        replica = Replica(EngineOptions(model=demo_checkpoint, torch_threads=1), spec)
     finally:
         torch.set_num_threads(threads)
     # No reference and no refusal anywhere: all-null columns, which a NumPy batch would turn into NaN.
@@ -134,7 +134,7 @@ def test_a_replica_loads_the_model_in_exact_or_fast_mode_when_asked(demo_checkpo
     spec = Summarizer.from_pretrained(demo_checkpoint).generation_spec(GEN)
     threads = torch.get_num_threads()
     try:
-        replicas = [Replica(ReplicaConfig(model=demo_checkpoint, exact=exact, fast=fast), spec, threads=1)
+        replicas = [Replica(EngineOptions(model=demo_checkpoint, exact=exact, fast=fast, torch_threads=1), spec)
                     for exact, fast in ((False, False), (True, False), (False, True))]
     finally:
         torch.set_num_threads(threads)
@@ -212,7 +212,7 @@ def test_cli_ray_run_equals_the_single_process_run(ray_cluster, demo_checkpoint,
 def test_a_replica_killed_mid_run_is_replaced_and_every_example_is_written_once(ray_cluster, demo_checkpoint,
                                                                                  tmp_path):
     records = load_records(file=cnn_file(tmp_path / "cnn.jsonl", 48, seed=3))
-    pool = ReplicaPool(ReplicaConfig(model=demo_checkpoint), ClusterOptions(address=ray_cluster, replicas=2))
+    pool = ReplicaPool(EngineOptions(model=demo_checkpoint), ClusterOptions(address=ray_cluster, replicas=2))
     replicas: list[int] = []  # the pid of the replica of each finished batch, in arrival order
     killed: list[int] = []
 

@@ -12,7 +12,7 @@ Its methods block (SQLite reads, resampling); the route calls them off the event
 from __future__ import annotations
 
 from app.errors import ApiError
-from app.jobs.schemas import JobView
+from app.jobs.bodies import JobView
 from app.jobs.service import JobService
 from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, Run, RunMismatch, compare_runs
 from bart_opt.errors import InvalidRequest

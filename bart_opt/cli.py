@@ -179,7 +179,9 @@ def generation_kwargs(args: argparse.Namespace) -> dict:
 
 def load_summarizer(args: argparse.Namespace):
     """The `Summarizer` of the command's model options (`bart_opt.options.EngineOptions`)."""
-    return from_cli_args(args).load()
+    from bart_opt.summarizer import Summarizer
+
+    return Summarizer.from_options(from_cli_args(args))
 
 
 def read_jsonl_texts(lines: Iterable[str], source: str, text_field: str) -> tuple[list, list[str]]:
@@ -244,9 +246,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ``--model lead-3`` evaluates the baseline itself (CPU, no checkpoint);
     ``--baselines lead-3`` scores the baseline beside a model on the same records.
     """
-    from bart_opt.baselines import check_baselines, is_baseline, run_baseline_evaluation
+    from bart_opt.baselines import check_baselines, is_baseline
     from bart_opt.data import load_records
-    from bart_opt.evaluate import run_evaluation
+    from bart_opt.evaluate import FailureStreak, run_baseline_evaluation, run_evaluation
 
     baselines = check_baselines(args.baselines)
     if is_baseline(args.model):
@@ -262,19 +264,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     source = args.data if args.data is not None else " ".join(
         part for part in (args.dataset, args.dataset_config, args.split) if part)
-    if is_baseline(args.model):
-        if args.ray is not None:
-            raise CliError(f"{args.model} is a baseline: --ray does not apply")
-        metrics = run_baseline_evaluation(args.model, records, args.out, source=source, overwrite=args.overwrite)
-    elif args.ray is not None:
-        metrics = evaluate_on_ray(args, records, source, baselines)
-    else:
-        for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
-            if getattr(args, option) is not None:
-                raise CliError(f"--{option.replace('_', '-')} needs --ray")
-        metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
-                                 progress=not args.no_progress, source=source, overwrite=args.overwrite,
-                                 baselines=baselines)
+    try:
+        if is_baseline(args.model):
+            if args.ray is not None:
+                raise CliError(f"{args.model} is a baseline: --ray does not apply")
+            metrics = run_baseline_evaluation(args.model, records, args.out, source=source, overwrite=args.overwrite)
+        elif args.ray is not None:
+            metrics = evaluate_on_ray(args, records, source, baselines)
+        else:
+            for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
+                if getattr(args, option) is not None:
+                    raise CliError(f"--{option.replace('_', '-')} needs --ray")
+            metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
+                                     progress=not args.no_progress, source=source, overwrite=args.overwrite,
+                                     baselines=baselines)
+    except FailureStreak as error:
+        raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
+                       "reasons)") from error
     print(json.dumps(metrics, indent=2))
     print(rouge_lines(metrics), file=sys.stderr)
     return 0
@@ -305,8 +311,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, predict=pool.iter_predictions,
-                                 baselines=baselines)
+                                 source=source, overwrite=args.overwrite, baselines=baselines)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE
+from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, parse_row
 from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES
 
 MEASURE = "fmeasure"
@@ -291,18 +291,8 @@ def load_run(folder: str | Path) -> Run:
     predictions = path / PREDICTIONS_FILE
     if not predictions.is_file():
         raise FileNotFoundError(f"{path} has no {PREDICTIONS_FILE}; give the --out folder of a bart-opt evaluate run")
-    rows = []
     with predictions.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{predictions}: line {number} is not valid JSON ({error.msg})") from None
-            if not isinstance(row, dict) or "id" not in row:
-                raise ValueError(f"{predictions}: line {number} is not a prediction row (no 'id')")
-            rows.append(row)
+        rows = [parse_row(line, predictions, number) for number, line in enumerate(f, start=1) if line.strip()]
     info: dict = {"path": str(path)}
     for name, keys in ((RUN_FILE, ("model", "generation")), (METRICS_FILE, ("rouge",))):
         if (path / name).is_file():

@@ -8,7 +8,8 @@ restating them, as vLLM's ``EngineArgs`` does:
   `from_cli_args` builds the value from the flags given (the others keep their defaults);
 - the service: `app.settings.Settings` has one ``BART_OPT_<FIELD>`` setting per field, with the
   field's ``service`` default where the service's differs (`app.settings.engine_settings`);
-- a Ray replica: it is handed the value itself (`portable` makes its checkpoint path absolute).
+- a Ray replica: it is handed the value itself (`portable` makes its checkpoint path absolute);
+- loading: `bart_opt.Summarizer.from_options` loads what the value describes.
 
 Each field's metadata (`option`) holds its help, its flag when that is not ``--<name>``, whether
 it goes to `bart_opt.Bart.from_pretrained` (``engine``) and its exclusive group. Adding an engine
@@ -32,8 +33,6 @@ from bart_opt.errors import InvalidRequest
 
 if TYPE_CHECKING:
     import torch
-
-    from bart_opt.summarizer import Summarizer
 
 DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
 _COUNTS = ("max_batch_tokens", "max_batch_size", "max_beams", "torch_threads")  # integers >= 1 (or None)
@@ -131,14 +130,6 @@ class EngineOptions:
         folder by its absolute path, a hub id as it is."""
         folder = Path(self.model).expanduser()
         return dataclasses.replace(self, model=str(folder.resolve())) if folder.is_dir() else self
-
-    def load(self, **hooks: Any) -> Summarizer:
-        """The `Summarizer` these options describe (`hooks` go to its constructor: ``scorer``,
-        ``oom_errors``, ``before_model_call``); sets torch's threads when `torch_threads` is given."""
-        from bart_opt.summarizer import Summarizer
-
-        return Summarizer.from_options(self, **hooks)
-
 
 def add_cli_args(parser: argparse.ArgumentParser, options: type[EngineOptions] = EngineOptions) -> None:
     """One flag per field of `options` (unset flags read None, so the field's default applies)."""

@@ -1,8 +1,12 @@
 """Evaluation jobs: ``POST /evaluate`` on a dataset, persisted in SQLite, resumed after a restart.
 
 - `app.jobs.service.JobService`: what the routes call (validation, the job view, the upkeep thread).
+- `app.jobs.bodies`: the routes' request and response bodies (`EvaluateRequest`, `JobView`).
+- `app.jobs.job.Job`: a job as the store returns it, a frozen value.
 - `app.jobs.intake.Intake`: a submission's records streamed into the store in bounded transactions.
-- `app.jobs.runner.JobRunner`: the thread that runs jobs a window and a batch at a time on the shared worker.
+- `app.jobs.runner.JobRunner`: the thread that runs jobs through the evaluation core
+  (`bart_opt.evaluate`), on the shared engine's worker or on a Ray cluster (`app.jobs.ray_source`).
+- `app.jobs.storage`: the store as the core's source and sink.
 - `app.jobs.store.JobStore`: the SQLite tables, leases and counts; `app.jobs.schema` versions and migrates them.
 - `app.jobs.paths.resolve_data_file`: ``{"file": ...}`` confined to ``BART_OPT_DATA_DIR``.
 - `app.jobs.sources.check_hub_source`: ``{"hub": ...}`` confined to hub ids on ``BART_OPT_HUB_DATASETS``.

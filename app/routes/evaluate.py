@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.jobs.schemas import EvaluateRequest, JobList, JobView
+from app.jobs.bodies import EvaluateRequest, JobList, JobView
 from app.jobs.service import JobService
 
 router = APIRouter(tags=["evaluate"])

@@ -36,4 +36,4 @@ async def ready(request: Request) -> dict:
     """200 once the model is loaded and the worker takes requests; 503 with the reason otherwise."""
     service = request.app.state.service
     service.check_ready()
-    return {"status": "ready", "model": service.model_name, "device": str(service.summarizer.device)}
+    return {"status": "ready", "model": service.model_name, "device": service.device}

@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from app.settings import Settings
 from bart_opt.summarizer import Summarizer
 from tests.app.helpers import serving

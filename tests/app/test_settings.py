@@ -32,7 +32,7 @@ def test_environment_with_prefix(monkeypatch):
 
 
 def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
-    from app.service import load_summarizer
+    from app.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_EXACT", "true")
     settings = Settings(model=demo_checkpoint)
@@ -41,7 +41,7 @@ def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
 
 
 def test_fast_mode_reaches_the_model_and_refuses_exact_beside_it(monkeypatch, demo_checkpoint):
-    from app.service import load_summarizer
+    from app.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_FAST", "true")
     model = load_summarizer(Settings(model=demo_checkpoint)).model
@@ -63,8 +63,7 @@ def test_bad_values_are_refused(field, value):
 
 def test_importing_the_app_loads_no_model():
     main = importlib.import_module("app.main")
-    assert main.app.state.service.summarizer is None
-    assert main.app.state.service.worker is None
+    assert getattr(main.app.state, "engine", None) is None  # the engine and its model come with the lifespan
 
 
 def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(monkeypatch):

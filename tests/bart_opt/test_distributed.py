@@ -66,7 +66,7 @@ def expected(checkpoint: str, records: list[Record]) -> tuple[dict, dict]:
     summarizer = Summarizer.from_pretrained(checkpoint)
     spec = summarizer.generation_spec(GEN)
     rows = {row["id"]: row for batch in iter_predictions(summarizer, records, spec) for row in batch.rows}
-    return rows, compute_metrics(rows, records, summarizer=summarizer, generation=spec.to_dict())
+    return rows, compute_metrics(rows, records, model=summarizer, generation=spec.to_dict())
 
 
 # ---- without a cluster ---------------------------------------------------------------------
@@ -216,15 +216,21 @@ def test_a_replica_killed_mid_run_is_replaced_and_every_example_is_written_once(
     replicas: list[int] = []  # the pid of the replica of each finished batch, in arrival order
     killed: list[int] = []
 
-    def predict(records, spec, *, skip_ids):
-        for batch in pool.iter_batches(records, spec, skip_ids=skip_ids):
-            replicas.append(int(batch.replica.rsplit(":", 1)[1]))
-            if not killed:  # the replica that finished the first batch dies while it runs its next one
-                os.kill(replicas[0], signal.SIGKILL)
-                killed.append(replicas[0])
-            yield batch.rows
+    class Killing:
+        """The pool, killing the replica that finished the first batch while it runs its next one."""
 
-    metrics = run_evaluation(pool, records, tmp_path / "run", GEN, progress=False, predict=predict)
+        def __getattr__(self, name):
+            return getattr(pool, name)
+
+        def run(self, source, spec, control):
+            for batch in pool.run(source, spec, control):
+                replicas.append(int(batch.replica.rsplit(":", 1)[1]))
+                if not killed:
+                    os.kill(replicas[0], signal.SIGKILL)
+                    killed.append(replicas[0])
+                yield batch
+
+    metrics = run_evaluation(Killing(), records, tmp_path / "run", GEN, progress=False)
     rows = predictions(tmp_path / "run")
     assert len(replicas) > 1 and set(replicas[1:]) - set(killed)  # the run went on after the kill ...
     assert len(set(replicas) - set(killed)) == 2  # ... on the other replica and on the one that replaced it

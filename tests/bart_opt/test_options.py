@@ -10,6 +10,7 @@ import torch
 
 from bart_opt import InvalidRequest
 from bart_opt.options import EngineOptions, add_cli_args, from_cli_args, option
+from bart_opt.summarizer import Summarizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +81,8 @@ def test_portable_gives_a_local_folder_by_its_absolute_path(tmp_path, monkeypatc
 
 
 def test_the_summarizer_loads_what_the_options_say(demo_checkpoint):
-    summarizer = EngineOptions(model=demo_checkpoint, device="cpu", exact=True, max_batch_size=3, max_beams=2,
-                               count_cpu_tensors=False).load()
+    summarizer = Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu", exact=True,
+                                                       max_batch_size=3, max_beams=2, count_cpu_tensors=False))
     assert (summarizer.name, summarizer.max_batch_size, summarizer.max_beams) == (demo_checkpoint, 3, 2)
     assert summarizer.model.exact and not summarizer.count_cpu_tensors and summarizer.device.type == "cpu"
     assert summarizer.max_batch_tokens == EngineOptions.max_batch_tokens

@@ -27,11 +27,20 @@ def engine_settings(options: type[EngineOptions] = EngineOptions) -> type[BaseSe
     description and its ``service`` default where the service's differs from the library's.
     The values are checked by `options` itself (see `Settings`)."""
     hints = typing.get_type_hints(options)
+    names = [f.name for f in dataclasses.fields(options)]
     definitions: dict[str, Any] = {
         f.name: (hints[f.name], Field(f.metadata.get("service", f.default), description=f.metadata["help"]))
         for f in dataclasses.fields(options)
     }
-    return create_model(f"{options.__name__}Settings", __base__=BaseSettings, **definitions)
+
+    def check(cls, value: Any, info: ValidationInfo) -> Any:
+        try:
+            return options.check(info.field_name, value)
+        except InvalidRequest as error:
+            raise ValueError(error.message) from None
+
+    validators = {"_check_engine": field_validator(*names)(check)}
+    return create_model(f"{options.__name__}Settings", __base__=BaseSettings, __validators__=validators, **definitions)
 
 
 class Settings(engine_settings()):
@@ -116,14 +125,6 @@ class Settings(engine_settings()):
     ray_stall_timeout_s: float = Field(
         1800.0, gt=0, description="Seconds the replicas of a job on Ray may make no progress before it fails."
     )
-
-    @field_validator(*(f.name for f in dataclasses.fields(EngineOptions)))
-    @classmethod
-    def _check_engine(cls, value: Any, info: ValidationInfo) -> Any:
-        try:
-            return EngineOptions.check(info.field_name, value)
-        except InvalidRequest as error:
-            raise ValueError(error.message) from None
 
     def engine_options(self) -> EngineOptions:
         """The engine fields as `EngineOptions`."""

@@ -39,14 +39,16 @@ _COUNTS = ("max_batch_tokens", "max_batch_size", "max_beams", "torch_threads")  
 
 
 def option(default: Any, help: str, *, flag: str | None = None, engine: bool = False, service: Any = dataclasses.MISSING,
-           exclusive: str | None = None, required: bool = False) -> Any:
+           exclusive: str | None = None, required: bool = False, choices: tuple | None = None) -> Any:
     """A field of `EngineOptions` with the metadata the surfaces read.
 
     `flag`: the command-line flag (default ``--<name>``); `engine`: passed to
     ``Bart.from_pretrained``; `service`: the service's default when it differs from `default`;
-    `exclusive`: flags of one group exclude each other; `required`: the flag must be given.
+    `exclusive`: flags of one group exclude each other; `required`: the flag must be given;
+    `choices`: the values it takes (None, for an optional field, as well).
     """
-    metadata = {"help": help, "flag": flag, "engine": engine, "exclusive": exclusive, "required": required}
+    metadata = {"help": help, "flag": flag, "engine": engine, "exclusive": exclusive, "required": required,
+                "choices": choices}
     if service is not dataclasses.MISSING:
         metadata["service"] = service
     return field(default=default, metadata=metadata)
@@ -78,10 +80,13 @@ class EngineOptions:
         for f in fields(self):
             self.check(f.name, getattr(self, f.name))
 
-    @staticmethod
-    def check(name: str, value: Any) -> Any:
+    @classmethod
+    def check(cls, name: str, value: Any) -> Any:
         """`value` for field `name` if it is valid; `InvalidRequest` naming the field otherwise
         (the one check of every surface: flags, settings, library calls)."""
+        choices = {f.name: f.metadata["choices"] for f in fields(cls)}.get(name)
+        if choices is not None and value is not None and value not in choices:
+            raise InvalidRequest(name, f"must be one of {', '.join(map(str, choices))}, got {value!r}")
         if name == "device":
             kind, _, index = value.partition(":")
             if kind not in DEVICE_KINDS or (index and (kind != "cuda" or not index.isdigit())):
@@ -150,7 +155,7 @@ def add_cli_args(parser: argparse.ArgumentParser, options: type[EngineOptions] =
         else:
             kind = int if int in typing.get_args(hints[f.name]) or hints[f.name] is int else str
             target.add_argument(flag, dest=f.name, type=kind, default=None, required=meta["required"],
-                                help=help_text)
+                                choices=meta["choices"], help=help_text)
 
 
 def from_cli_args(args: argparse.Namespace, options: type[EngineOptions] = EngineOptions) -> EngineOptions:

@@ -32,12 +32,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from app.engine import Engine, WorkerDevice
 from app.errors import ApiError
+from app.jobs.bodies import EvaluateRequest, JobView
 from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
+from app.jobs.job import Job
 from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
 from app.jobs.runner import JobRunner, RunnerConfig
 from app.jobs.schema import SchemaTooNew
-from app.jobs.job import Job
-from app.jobs.bodies import EvaluateRequest, JobView
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
 from app.jobs.store import ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics

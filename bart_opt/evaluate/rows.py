@@ -89,14 +89,5 @@ class RowBatch:
         """The batch with only the rows at indexes `keep`."""
         return replace(self, rows=[self.rows[k] for k in keep], positions=[self.positions[k] for k in keep])
 
-    def to_json(self) -> dict:
-        """A JSON-ready dict of every field (what a Ray replica sends back)."""
-        return dict(vars(self))
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RowBatch:
-        """The batch `to_json` made."""
-        return cls(**data)
-
 
 __all__ = ["FAILED", "MODEL", "REFUSED", "RowBatch", "baseline_row", "prediction_row", "refused_row"]

@@ -89,4 +89,8 @@ def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
 
     assert StaticSettings().static is False
     monkeypatch.setenv("BART_OPT_STATIC", "true")
-    assert StaticSettings().static is True
+    monkeypatch.setenv("BART_OPT_QUANTIZE", "int8")
+    assert (StaticSettings().static, StaticSettings().quantize) == (True, "int8")
+    monkeypatch.setenv("BART_OPT_QUANTIZE", "int4")
+    with pytest.raises(ValidationError, match="quantize"):
+        StaticSettings()

@@ -18,6 +18,7 @@ class WithStatic(EngineOptions):
     """EngineOptions with one more engine option, as the lead adds one: a single line."""
 
     static: bool = option(False, "static shapes for CUDA graphs", engine=True)
+    quantize: str | None = option(None, "weights in int8", engine=True, choices=("int8",))
 
 
 def parse(argv: list[str], options: type[EngineOptions] = EngineOptions) -> EngineOptions:
@@ -43,11 +44,17 @@ def test_exact_and_fast_exclude_each_other_and_the_model_is_required(capsys):
         parse([])
 
 
-def test_a_new_field_is_one_line_a_flag_and_an_engine_argument():
-    assert parse(["--model", "m", "--static"], WithStatic).static is True
+def test_a_new_field_is_one_line_a_flag_and_an_engine_argument(capsys):
+    assert parse(["--model", "m", "--static", "--quantize", "int8"], WithStatic) == WithStatic(
+        model="m", static=True, quantize="int8")
     assert parse(["--model", "m"], WithStatic).static is False
     assert WithStatic(model="m", static=True, fast=True).engine_kwargs() == {"exact": False, "fast": True,
-                                                                             "static": True}
+                                                                             "static": True, "quantize": None}
+    with pytest.raises(SystemExit):
+        parse(["--model", "m", "--quantize", "int4"], WithStatic)
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    with pytest.raises(InvalidRequest, match="quantize: must be one of int8, got 'int4'"):
+        WithStatic(quantize="int4")
 
 
 @pytest.mark.parametrize(("field", "value"), [("device", "gpu"), ("device", "cpu:1"), ("device", "cuda:x"),

@@ -52,8 +52,8 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
                             "tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json"],
         )
     except Exception as err:  # hub errors come in many classes; all mean "could not get it"
-        raise CheckpointError(f"could not find {str(name_or_path)!r} locally or on the hub",
-                              detail=f"{type(err).__name__}: {err}") from err
+        raise CheckpointError("no such checkpoint folder here, and no such model on the hub (or it cannot be "
+                              "reached)", name_or_path, detail=f"{type(err).__name__}: {err}") from err
     return Path(folder)
 
 

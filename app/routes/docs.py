@@ -23,12 +23,10 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from app.errors import ApiError
-from app.routes.dashboard import SECURITY_HEADERS
+from app.routes.dashboard import SECURITY_HEADERS, shipped_file
 
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
 _VENDOR = Path(str(resources.files("fastapi_offline") / "static"))
-_MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css"}
 # The files served, fixed at import: any other name is a 404, never a path lookup.
 ASSETS = {
     **{name: _VENDOR / name for name in ("swagger-ui-bundle.js", "swagger-ui.css")},
@@ -55,7 +53,4 @@ async def swagger() -> FileResponse:
 @assets.get("/docs/assets/{name}")
 async def asset(name: str) -> FileResponse:
     """A script or style of the page."""
-    path = ASSETS.get(name)
-    if path is None:
-        raise ApiError(404, "not_found", f"no docs file {name!r}")
-    return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix], headers=SECURITY_HEADERS)
+    return shipped_file(ASSETS, name, "docs")

@@ -7,8 +7,9 @@ them into one ``sha256:<hex>``. Two loads have the same fingerprint exactly when
 those files has the same bytes, whatever the folder is called. A path string says nothing of
 the kind: a folder refilled with another checkpoint keeps its name.
 
-Hashing bart-large's 1.6 GB of weights takes about a second, so the digests of large files
-are cached by what the file system says of them: the real path, device, inode, size, mtime
+Hashing bart-large-cnn's 1.63 GB of weights takes seconds (3.6 s at the 434 MiB/s sha256
+measured on a shared 2-core machine), so the digests of large files are cached by what the
+file system says of them: the real path, device, inode, size, mtime
 and ctime. ctime cannot be set back by `touch` or `os.utime`, so a file rewritten in place
 (same size, mtime restored) is hashed again; so is a copy (another inode). The cache is one
 small JSON file, ``$HF_HOME/bart_opt/digests.json`` (``~/.cache/huggingface/bart_opt/``), beside

@@ -42,6 +42,7 @@ logger = logging.getLogger("bart_opt.fingerprint")
 
 CACHE_ENV = "BART_OPT_DIGEST_CACHE"
 CACHE_ENTRIES = 256
+CACHE_MAX_BYTES = 4 << 20  # 256 entries take about 80 KB; a larger file is not this cache's and is not read
 CACHED_FROM_BYTES = 1 << 20  # smaller files are hashed on every load (microseconds)
 IDENTITY_FILES = ("config.json", "generation_config.json", *TOKENIZER_FILES)
 _CHUNK = 1 << 20
@@ -157,6 +158,8 @@ class DigestCache:
 
     def _read(self) -> dict[str, dict]:
         try:
+            if self.path.stat().st_size > CACHE_MAX_BYTES:
+                return {}
             data = json.loads(self.path.read_text(encoding="utf-8"))
             entries = data["entries"] if data.get("version") == 1 else {}
             return {key: value for key, value in entries.items()

@@ -83,7 +83,8 @@ def test_an_unreadable_or_absent_cache_only_costs_hashing(demo_checkpoint, tmp_p
     monkeypatch.setattr(fingerprints, "CACHED_FROM_BYTES", 0)
     expected = fingerprint(demo_checkpoint, "model.safetensors", cache=None)
     broken = tmp_path / "digests.json"
-    for content in ("not json", json.dumps({"version": 1, "entries": {"x": 5}}), json.dumps([1, 2])):
+    oversized = json.dumps({"version": 1, "entries": {}, "pad": "x" * fingerprints.CACHE_MAX_BYTES})
+    for content in ("not json", json.dumps({"version": 1, "entries": {"x": 5}}), json.dumps([1, 2]), oversized):
         broken.write_text(content)
         assert fingerprint(demo_checkpoint, "model.safetensors", cache=broken) == expected
     blocked = tmp_path / "a-file"

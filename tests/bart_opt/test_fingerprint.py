@@ -83,7 +83,9 @@ def test_an_unreadable_or_absent_cache_only_costs_hashing(demo_checkpoint, tmp_p
     monkeypatch.setattr(fingerprints, "CACHED_FROM_BYTES", 0)
     expected = fingerprint(demo_checkpoint, "model.safetensors", cache=None)
     broken = tmp_path / "digests.json"
-    oversized = json.dumps({"version": 1, "entries": {}, "pad": "x" * fingerprints.CACHE_MAX_BYTES})
+    weights = Path(demo_checkpoint, "model.safetensors")
+    poisoned = {str(weights.resolve()): {"stat": list(fingerprints._stat_key(weights)), "sha256": "0" * 64}}
+    oversized = json.dumps({"version": 1, "entries": poisoned, "pad": "x" * fingerprints.CACHE_MAX_BYTES})
     for content in ("not json", json.dumps({"version": 1, "entries": {"x": 5}}), json.dumps([1, 2]), oversized):
         broken.write_text(content)
         assert fingerprint(demo_checkpoint, "model.safetensors", cache=broken) == expected

@@ -20,7 +20,9 @@ from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 class Settings(BaseSettings):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=())
+    # hide_input_in_errors: a refused value (the API key above all) never appears in the error's text.
+    model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=(),
+                                      hide_input_in_errors=True)
 
     model: str = Field("facebook/bart-large-cnn", description="Hub id or local checkpoint folder.")
     device: str = Field("auto", description="'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'.")
@@ -59,7 +61,12 @@ class Settings(BaseSettings):
     )
     micro_batch: bool = Field(True, description="Merge waiting requests with equal generation settings into one call.")
     api_key: SecretStr | None = Field(
-        None, description="When set, every route but /health and /ready needs 'Authorization: Bearer <key>'."
+        None, description="When set, every route but /health, /ready and the dashboard's page and files needs "
+        "'Authorization: Bearer <key>'. Refused at start with white space at either end."
+    )
+    docs: bool = Field(
+        False, description="Serve the API docs: /docs (Swagger UI, from files the package ships, under the "
+        "dashboard's CSP) and /openapi.json, behind the API key when one is set. Off: both are 404."
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
@@ -126,8 +133,15 @@ class Settings(BaseSettings):
 
     @field_validator("api_key")
     @classmethod
-    def _empty_key_is_none(cls, value: SecretStr | None) -> SecretStr | None:
-        return value if value is not None and value.get_secret_value() else None
+    def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """An empty key is no key; one with white space at either end is refused (never stripped, never shown)."""
+        if value is None or not value.get_secret_value():
+            return None
+        key = value.get_secret_value()
+        if key != key.strip():
+            raise ValueError("BART_OPT_API_KEY has white space at its start or end (a newline from a file or "
+                             "`echo`?); it is not stripped, so every request would be refused: set it without")
+        return value
 
 
 def get_settings(request: Request) -> Settings:

@@ -297,7 +297,11 @@ class Bart(LoggingMixin, nn.Module):
     `exact` (settable between calls) shapes the arithmetic as transformers shapes it; `fast` (settable
     too) takes the kernels that are faster in half precision at the price of other ids; at most one
     of the two is on. See `from_pretrained` and `bart_opt.cross_attention`.
+    `fingerprint` is the `bart_opt.fingerprint.Fingerprint` of the files `from_pretrained` read
+    (None for a model built otherwise).
     """
+
+    fingerprint = None
 
     def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False,
                  fast: bool = False):

@@ -5,9 +5,12 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import tempfile
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Checkpoint digests cached in a throwaway file, never in the developer's ~/.cache (bart_opt.fingerprint).
+os.environ.setdefault("BART_OPT_DIGEST_CACHE", os.path.join(tempfile.mkdtemp(prefix="bart_opt_test_"), "digests.json"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -4,17 +4,57 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 from pathlib import Path
+
+from bart_opt import Bart
 
 from tests.app.helpers import FAST, Gate, async_serving, serving, until
 
 
-def test_health_and_ready_once_loaded(client):
+def test_health_and_ready_once_loaded(client, make_app, tmp_path):
     assert client.get("/health").json() == {"status": "ok"}
     ready = client.get("/ready")
     assert ready.status_code == 200
+    settings = client.app.state.settings
+    assert not Path(settings.data_dir).is_dir()  # the default ./data is not there where the tests run
     # A local checkpoint is shown by its folder name: no server path leaves the service.
-    assert ready.json() == {"status": "ready", "model": Path(client.app.state.settings.model).name, "device": "cpu"}
+    assert ready.json() == {
+        "status": "ready", "model": Path(settings.model).name, "device": "cpu",
+        "fingerprint": str(Bart.from_pretrained(settings.model).fingerprint),
+        "warnings": [{"code": "data_dir_missing", "message": "the data directory BART_OPT_DATA_DIR (./data) does not "
+                      "exist or is not a folder: evaluation jobs on files are refused until it is created"}],
+    }  # fmt: skip
+
+
+def test_a_missing_data_dir_is_logged_at_start_and_shown_until_it_is_created(make_app, tmp_path, caplog):
+    missing = tmp_path / "datasets"
+    with caplog.at_level(logging.WARNING, logger="app"), serving(make_app(data_dir=str(missing))) as client:
+        warnings = client.get("/ready").json()["warnings"]
+        assert [w["code"] for w in warnings] == ["data_dir_missing"]
+        assert "BART_OPT_DATA_DIR (datasets)" in warnings[0]["message"] and str(tmp_path) not in warnings[0]["message"]
+        refused = client.post("/evaluate", json={"dataset": {"file": "cnn.jsonl"}})
+        assert refused.status_code == 422 and "BART_OPT_DATA_DIR" in refused.text
+        missing.mkdir()
+        assert client.get("/ready").json()["warnings"] == []
+    logged = [r.getMessage() for r in caplog.records if r.name == "app.startup"]
+    assert len(logged) == 1 and str(missing.resolve()) in logged[0]
+
+
+def test_a_model_folder_without_its_tokenizer_is_not_ready_and_says_which_files(make_app, demo_checkpoint, tmp_path):
+    folder = Path(shutil.copytree(demo_checkpoint, tmp_path / "no-tokenizer"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    app = make_app(model=str(folder))
+    with serving(app, wait_ready=False) as client:
+        assert not app.state.service.worker.wait_ready(60)
+        ready, summarize = client.get("/ready"), client.post("/summarize", json={"texts": ["a text"]})
+    for response in (ready, summarize):
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "model_load_failed"
+        assert "tokenizer files are missing: there is no tokenizer.json, and no vocab.json and no merges.txt" in error["message"]
+        assert str(tmp_path) not in response.text and "Error" not in response.text
 
 
 def test_model_that_fails_to_load_keeps_ready_at_503_without_server_details(make_app, tmp_path, caplog):

@@ -1,8 +1,8 @@
-"""The API contract: schemathesis, every check, against the live service (the README's command).
+"""The API contract: schemathesis, every check, against the live service (the command in docs/service.md).
 
 A real uvicorn server on the demo model, with an API key (so that the auth checks have something
 to check) and a small cost budget (so that schema-valid requests stay quick), gets the command in
-the README, run from the repository root with ``tests/app/schemathesis.toml`` (checks' settings,
+docs/service.md, run from the repository root with ``tests/app/schemathesis.toml`` (checks' settings,
 seed, example count; its hooks in ``tests/app/schemathesis_hooks.py`` make realistic jobs). The run must end
 with no failure, and its stateful phase must have chained real jobs into the other job routes.
 

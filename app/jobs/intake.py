@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ from itertools import islice
 from typing import Any
 
 from app.jobs.job import Job
-from app.jobs.store import JobStore, NewJob, StoredRecord
+from app.jobs.store import JobStore, NewJob, StoredRecord, StoreError
 from bart_opt.data import Record, RecordStream
 from bart_opt.errors import InvalidRequest
 from bart_opt.summarizer import check_text
@@ -75,7 +74,7 @@ class Intake:
         when its idempotency key is taken (nothing is read then).
 
         Raises ValueError for bad records (a duplicate id, too many records, what the source
-        raises), `sqlite3.Error` when the store fails, `LoadCancelled` once `cancelled` is set
+        raises), `StoreError` when the store fails, `LoadCancelled` once `cancelled` is set
         (checked at every record); nothing of the job is left behind.
         """
         created, new = self.store.begin(job, self.owner, self.lease_s)
@@ -153,7 +152,7 @@ class Intake:
     def _discard(self, job_id: str) -> None:
         try:
             self.store.discard(job_id)
-        except sqlite3.Error:
+        except StoreError:
             logger.warning("could not discard the partly loaded job %s; it is removed once its lease runs out",
                            job_id, exc_info=True)
 

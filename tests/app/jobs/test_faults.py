@@ -99,3 +99,67 @@ def test_a_database_that_cannot_be_opened_yet_comes_back_without_a_restart(make_
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "jobs_unavailable"
     assert str(tmp_path) not in refused.text
     assert listed.status_code == 200 and view["status"] == "succeeded"
+
+
+def test_a_damaged_database_reads_as_damaged_not_as_retry_later(make_jobs_app, write_jsonl, tmp_path, caplog):
+    rows = cnn_rows(300, seed=33)
+    write_jsonl("many.jsonl", rows)
+    with serving(make_jobs_app()) as client:
+        job_id = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST,
+                                                "limit": 2}).json()["id"]
+        wait_for_job(client, job_id)
+        assert client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST,
+                                              "limit": 300}).status_code == 202  # pages of records to damage
+    path = tmp_path / "jobs.db"
+    with path.open("r+b") as handle:  # pages 3 to 60 overwritten, as a failing disk or a bad copy leaves them
+        handle.seek(2 * 4096)
+        handle.write(b"\xa5" * (58 * 4096))
+    with serving(make_jobs_app()) as client:
+        view = client.get(f"/evaluate/{job_id}")
+        submitted = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST})
+        ready = client.get("/ready")
+        health = client.get("/health")
+    for answer in (view, submitted, ready):
+        assert answer.status_code == 503 and "retry-after" not in answer.headers, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "jobs_store_damaged", error
+        assert error["message"].startswith("the jobs database (BART_OPT_DB) is damaged") and "retry" not in error[
+            "message"] and "restore" in error["message"]
+    assert health.status_code == 200  # /summarize still works: the process need not be restarted for it
+    assert "is damaged" in caplog.text and str(tmp_path) not in view.text
+
+
+def test_a_database_that_goes_away_mid_job_gives_503s_and_the_job_resumes_once_it_is_back(
+    make_jobs_app, write_jsonl, faulty_store, backend, caplog
+):
+    write_jsonl("six.jsonl", cnn_rows(6, seed=34))
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), db=backend.url, **FAULT_SETTINGS)
+    with serving(app) as client:
+        try:
+            job_id = submit(client, "six.jsonl")
+            stepper.allow(1)
+            wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] == 2)
+            backend.go_away()  # PostgreSQL: the server stopped as by a crash; SQLite: its volume gone
+            try:
+                stepper.allow(1)  # batch 2 is computed but can be neither written nor failed
+                stepper.wait_arrived(2)
+                deadline = time.monotonic() + 30
+                while "it stays claimed and resumes when the database works again" not in caplog.text:
+                    assert time.monotonic() < deadline, caplog.text
+                    time.sleep(0.05)
+                view_during = client.get(f"/evaluate/{job_id}")
+                post_during = client.post("/evaluate", json={"dataset": {"file": "six.jsonl"}, "generation": FAST})
+            finally:
+                backend.come_back()
+            stepper.allow(100)
+            view = wait_for_job(client, job_id)
+        finally:
+            stepper.allow(100)
+        rows = prediction_rows(client, job_id)
+    for answer in (view_during, post_during):
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+        assert answer.json()["error"]["code"] == "jobs_store_unavailable"
+    assert view["status"] == "succeeded" and view["runs"] == 2 and view["progress"]["done"] == 6
+    assert [row["id"] for row in rows] == [f"doc-{i}" for i in range(6)]  # nothing lost, nothing doubled
+    assert [(batch["run"], batch["size"]) for batch in view["memory"]["batches"]] == [(1, 2), (2, 2), (2, 2)]

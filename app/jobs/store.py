@@ -558,7 +558,6 @@ class JobStore:
         with the connection, and the runner wrote it again) is recognized and not written twice;
         any other row that already exists raises `StoreConflict`, and nothing is written.
         """
-        rows = batch.rows
         with self._write() as connection:
             found = connection.execute(text("SELECT status, owner FROM jobs WHERE id = :job" + self._locked),
                                        {"job": job_id}).first()

@@ -14,6 +14,7 @@ exit. PostgreSQL refuses to run as root: as root, every server command runs as t
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -41,9 +42,7 @@ def unavailable() -> str | None:
     """Why a throwaway cluster cannot be made on this machine, or None."""
     if find_bin() is None:
         return "no PostgreSQL server binaries (apt-get install postgresql, or set BART_OPT_PG_BIN)"
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("psycopg") is None:
         return 'psycopg is not installed (pip install -e ".[postgres]")'
     if os.geteuid() == 0 and (shutil.which("runuser") is None or _no_user()):
         return "running as root without runuser or a 'postgres' user to run the server as"

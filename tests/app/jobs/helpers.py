@@ -112,6 +112,39 @@ def wait_for_job(client, job_id: str, until=("succeeded", "failed", "cancelled")
     raise AssertionError(f"job {job_id} never got there: {view['status']}, {view['progress']}")
 
 
+def poll_server(server, job_id: str, until, timeout: float = 240) -> dict:
+    """Poll a `ServerProcess`'s GET /evaluate/{id} until `until(view)` holds; the view (its log on failure)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=30).json()
+        if until(view):
+            return view
+        time.sleep(0.02)
+    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
+
+
+def at_once(*calls) -> list:
+    """Run each of `calls` on a thread of its own, all released together; their results, or the errors they raised."""
+    results: list = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(k: int) -> None:
+        start.wait()
+        try:
+            results[k] = calls[k]()
+        except Exception as error:  # noqa: BLE001 - returned to the caller, which asserts on it
+            results[k] = error
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def evaluate_directly(summarizer, records, generation) -> tuple[dict, dict]:
     """What `bart-opt evaluate` computes for these records: rows by id, and the metrics."""
     spec = summarizer.generation_spec(generation)

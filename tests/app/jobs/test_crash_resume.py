@@ -6,7 +6,6 @@ On SQLite and on PostgreSQL (the `backend` fixture): a committed batch survives 
 from __future__ import annotations
 
 import json
-import time
 
 import httpx
 import torch
@@ -16,7 +15,7 @@ from bart_opt.bench.service_load import ServerProcess
 from bart_opt.data import load_records
 from bart_opt.evaluate import run_evaluation
 from bart_opt.summarizer import Summarizer
-from tests.app.jobs.helpers import cnn_rows, sql
+from tests.app.jobs.helpers import cnn_rows, poll_server, sql
 
 # One input per model call makes the job long enough to kill halfway and its summaries
 # independent of how the batches fall after the restart. The killed server's claim on the job
@@ -24,16 +23,6 @@ from tests.app.jobs.helpers import cnn_rows, sql
 SETTINGS = {"max_batch_size": 1, "torch_threads": 1, "job_lease_s": 2}
 GENERATION = {"num_beams": 2, "max_length": 12, "min_length": 2}
 N = 24
-
-
-def poll(server: ServerProcess, job_id: str, until, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=10).json()
-        if until(view):
-            return view
-        time.sleep(0.02)
-    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
 
 
 def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_rouge(demo_checkpoint, tmp_path,
@@ -50,7 +39,7 @@ def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_
         submitted = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
         assert submitted.status_code == 202, server.log()
         job_id = submitted.json()["id"]
-        poll(server, job_id, lambda view: view["progress"]["done"] >= 4)
+        poll_server(server, job_id, lambda view: view["progress"]["done"] >= 4)
         server.process.kill()  # SIGKILL: no shutdown code runs
         server.process.wait(30)
     store = JobStore(backend.url)
@@ -58,7 +47,7 @@ def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_
     assert 4 <= done_before < N, "the job was not killed in the middle"
 
     with ServerProcess(demo_checkpoint, tmp_path / "second.log", settings) as server:
-        view = poll(server, job_id, lambda view: view["status"] not in ("queued", "running"))
+        view = poll_server(server, job_id, lambda view: view["status"] not in ("queued", "running"))
         lines = httpx.get(f"{server.url}/evaluate/{job_id}/predictions", timeout=30).text.splitlines()
         replay = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
     assert view["status"] == "succeeded", view["error"]

@@ -163,3 +163,19 @@ def test_a_database_that_goes_away_mid_job_gives_503s_and_the_job_resumes_once_i
     assert view["status"] == "succeeded" and view["runs"] == 2 and view["progress"]["done"] == 6
     assert [row["id"] for row in rows] == [f"doc-{i}" for i in range(6)]  # nothing lost, nothing doubled
     assert [(batch["run"], batch["size"]) for batch in view["memory"]["batches"]] == [(1, 2), (2, 2), (2, 2)]
+
+
+def test_nul_characters_and_hostile_ids_are_refused_alike_on_both_backends(make_jobs_app, backend):
+    records = [{"id": "a", "text": "The city voted.", "reference": "A vote."},
+               {"id": "b", "text": "Nul \x00 inside.", "reference": "x"}]
+    with serving(make_jobs_app(db=backend.url, max_batch_size=2)) as client:
+        accepted = client.post("/evaluate", json={"dataset": {"records": records}, "generation": FAST})
+        view = wait_for_job(client, accepted.json()["id"])
+        rows = prediction_rows(client, view["id"])
+        bad_id = client.post("/evaluate", json={"dataset": {"records": [{"id": "x\x00", "text": "t", "reference": "r"}]}})
+        lookups = [client.get(path).status_code for path in
+                   ("/evaluate/%00", "/evaluate/a%00b", f"/evaluate/{view['id']}/examples/%00", "/evaluate/%ED%A0%80")]
+    assert view["status"] == "succeeded" and view["progress"]["failed"] == 1
+    assert rows[1]["error"] == "the text holds a NUL character (U+0000), which the jobs database cannot store"
+    assert bad_id.status_code == 422 and "NUL" in bad_id.json()["error"]["message"]
+    assert lookups == [404, 404, 404, 404]

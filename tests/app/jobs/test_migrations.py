@@ -17,7 +17,7 @@ from app.jobs.database import StoreError
 from app.jobs.migrations import HEAD, SchemaTooNew, legacy
 from app.jobs.store import DuplicateId, JobStore, NewJob, StoredRecord
 from bart_opt.data import Record
-from tests.app.jobs.helpers import sql
+from tests.app.jobs.helpers import at_once, sql
 
 V4_FIXTURE = Path(__file__).parent / "fixtures" / "jobs-v4.db"  # made by the store of commit 9a82d87 (make_v4_db.py)
 A = "host:1:a"
@@ -90,22 +90,7 @@ def test_a_sqlite_file_newer_than_alembic_knows_is_refused_too(tmp_path):
 
 def test_replicas_opening_a_new_database_at_once_migrate_it_once(backend):
     stores = [JobStore(backend.url) for _ in range(4)]
-    errors = []
-    start = threading.Barrier(len(stores))
-
-    def open_store(store):
-        start.wait()
-        try:
-            store.initialize()
-        except Exception as error:  # noqa: BLE001 - collected for the assertion
-            errors.append(error)
-
-    threads = [threading.Thread(target=open_store, args=(store,)) for store in stores]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == []
+    assert at_once(*(store.initialize for store in stores)) == [None] * 4
     assert sql(stores[0], "SELECT version_num FROM alembic_version") == [(f"{HEAD:04d}",)]
     stores[0].create(new_job("j"), [Record("a", "text")])
     assert all(store.counts()["queued"] == 1 for store in stores)
@@ -186,19 +171,7 @@ def test_migrating_processes_race_safely_on_a_file_from_before_alembic(tmp_path)
     path = tmp_path / "jobs.db"
     v1_database(path)
     stores = [JobStore(path) for _ in range(4)]
-    errors = []
-
-    def open_store(store):
-        try:
-            store.initialize()
-        except Exception as error:  # noqa: BLE001 - collected for the assertion
-            errors.append(error)
-
-    threads = [threading.Thread(target=open_store, args=(store,)) for store in stores]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert errors == [] and stores[0].counts()["running"] == 1
+    assert at_once(*(store.initialize for store in stores)) == [None] * 4
+    assert stores[0].counts()["running"] == 1
     for store in stores:
         store.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from contextlib import ExitStack
 
 import httpx
@@ -23,22 +22,12 @@ from bart_opt.data import load_records
 from bart_opt.evaluate import run_evaluation
 from bart_opt.summarizer import Summarizer
 from tests.app.helpers import samples
-from tests.app.jobs.helpers import cnn_rows, sql
+from tests.app.jobs.helpers import cnn_rows, poll_server, sql
 
 N = 8  # records a job
 GENERATIONS = [{"num_beams": 1, "max_length": 10, "min_length": 2}, {"num_beams": 2, "max_length": 10, "min_length": 2},
                {"num_beams": 1, "max_length": 6, "min_length": 2}]
 SETTINGS = {"max_batch_size": 1, "torch_threads": 1, "job_lease_s": 2}
-
-
-def poll(server: ServerProcess, job_id: str, until, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=30).json()
-        if until(view):
-            return view
-        time.sleep(0.05)
-    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
 
 
 def test_three_replicas_one_killed_mid_job_every_example_once_and_the_same_rouge(demo_checkpoint, tmp_path,
@@ -59,13 +48,13 @@ def test_three_replicas_one_killed_mid_job_every_example_once_and_the_same_rouge
                                                                      "generation": generation}, timeout=60)
             assert answer.status_code == 202, answer.text
             jobs.append(answer.json()["id"])
-        running = poll(replicas[0], jobs[0], lambda view: view["progress"]["done"] >= 2)
+        running = poll_server(replicas[0], jobs[0], lambda view: view["progress"]["done"] >= 2)
         [(owner,)] = sql(store, "SELECT owner FROM jobs WHERE id = :job", job=jobs[0])
         victim = next(r for r in replicas if r.process.pid == int(owner.split(":")[1]))
         os.kill(victim.process.pid, signal.SIGKILL)  # mid-job: no shutdown code runs
         victim.process.wait(30)
         survivors = [r for r in replicas if r is not victim]
-        views = [poll(survivors[k % 2], job_id, lambda view: view["status"] not in ("queued", "running"))
+        views = [poll_server(survivors[k % 2], job_id, lambda view: view["status"] not in ("queued", "running"))
                  for k, job_id in enumerate(jobs)]
         rows = [[json.loads(line) for line in httpx.get(f"{survivors[(k + 1) % 2].url}/evaluate/{job_id}/predictions",
                                                         timeout=30).text.splitlines()] for k, job_id in enumerate(jobs)]

@@ -18,7 +18,8 @@ any job's routes, and the counts it reports are the database's.
 
 Errors: a database failure is a 503 saying what is wrong with it (read-only, full, busy,
 unreachable) and never a path or host, with ``Retry-After``; a damaged database (corrupt
-pages) is a 503 without it, since retrying cannot help: from then on this process refuses
+pages: an error that says so, or the check the upkeep thread runs once the store is open,
+`JobStore.verify`) is a 503 without it, since retrying cannot help: from then on this process refuses
 submissions and ``/ready`` says why (`JobService.damaged`) until it is restarted on a
 repaired database. A file's OS error is a 422 naming the file as the client gave it.
 """
@@ -148,6 +149,7 @@ class JobService:
     def _upkeep_loop(self) -> None:
         tick = 0
         every = min(_UPKEEP_S, self.settings.job_lease_s / 3)  # a lease is renewed well before it runs out
+        verified = False
         while not self._stop.is_set():
             self._changed.wait(every)
             self._changed.clear()
@@ -157,6 +159,9 @@ class JobService:
                 continue
             self.runner.heartbeat()
             try:
+                if not verified:  # once a process, here rather than at start: it reads the whole file
+                    self.store.verify()
+                    verified = True
                 self._counts = self.store.counts()
                 tick += 1
                 if tick % _STALE_EVERY == 0:

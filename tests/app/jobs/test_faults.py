@@ -115,9 +115,12 @@ def test_a_damaged_database_reads_as_damaged_not_as_retry_later(make_jobs_app, w
         handle.seek(2 * 4096)
         handle.write(b"\xa5" * (58 * 4096))
     with serving(make_jobs_app()) as client:
+        deadline = time.monotonic() + 30
+        while (ready := client.get("/ready")).status_code == 200:  # the store's check runs once it is open
+            assert time.monotonic() < deadline, "the damage was never found"
+            time.sleep(0.05)
         view = client.get(f"/evaluate/{job_id}")
         submitted = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST})
-        ready = client.get("/ready")
         health = client.get("/health")
     for answer in (view, submitted, ready):
         assert answer.status_code == 503 and "retry-after" not in answer.headers, answer.text

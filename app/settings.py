@@ -20,7 +20,7 @@ from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 class Settings(BaseSettings):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
 
-    # hide_input_in_errors: a refused value (the API key above all) never appears in the error's text.
+    # hide_input_in_errors: a refused value (the API key, a database URL's password) never appears in the error's text.
     model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=(),
                                       hide_input_in_errors=True)
 

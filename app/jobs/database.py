@@ -120,10 +120,10 @@ def database_url(value: str | Path) -> URL:
         raise InvalidDatabaseUrl(f"BART_OPT_DB is empty; give {_URL_FORMS}")
     if "://" not in text:
         if _SCHEME.match(text):
-            scheme = text.split(":", 1)[0]
+            scheme, shown = text.split(":", 1)[0], _shown_raw(text)
             raise InvalidDatabaseUrl(
-                f"BART_OPT_DB {_shown_raw(text)!r} looks like a {scheme}: URL without '//' after the scheme, not a "
-                f"file path; write {scheme}://... (or ./{text} for a file of that name)")
+                f"BART_OPT_DB {shown!r} looks like a {scheme}: URL without '//' after the scheme, not a "
+                f"file path; write {scheme}://... (or start a file name of that form with ./)")
         return URL.create("sqlite", database=text)
     try:
         url = make_url(text)
@@ -148,9 +148,8 @@ def shown_url(url: URL) -> str:
 
 
 def _shown_raw(text: str) -> str:
-    """A value that did not parse as a URL, for an error message: anything after ``:`` and before
-    ``@`` (a password) hidden."""
-    return re.sub(r"(:[^:/@]*:)[^@]*@", r"\1***@", text)
+    """A value that did not parse as a URL, for an error message: a password (between ``:`` and ``@``) hidden."""
+    return re.sub(r":[^:/@]*@", ":***@", text)
 
 
 def make_engine(url: URL, pool: PoolLimits, *, sqlite_factory: type[sqlite3.Connection] = sqlite3.Connection,

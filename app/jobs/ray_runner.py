@@ -5,8 +5,8 @@ the end of a job and its metrics: all as there) with one difference: a job's pen
 to the replicas of a `bart_opt.distributed.ReplicaPool` on the cluster instead of the service's
 device thread, which then serves ``POST /summarize`` alone.
 
-- **Records** are read from the jobs database by Ray Data read tasks pinned to this node (the
-  database is a file here), one per span of about a replica call's records, two at a time, in
+- **Records** are read from the jobs database by Ray Data read tasks pinned to this node (a
+  SQLite database is a file here), one per span of about a replica call's records, two at a time, in
   record order; they ask Ray for no CPU, so the replicas may have them all. Ray Data's
   backpressure bounds what is read ahead.
 - **Results** come back as each replica call returns, a planned batch at a time; each is written in one

@@ -20,7 +20,7 @@ from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 class Settings(BaseSettings):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
 
-    # hide_input_in_errors: a refused value (the API key above all) never appears in the error's text.
+    # hide_input_in_errors: a refused value (the API key, a database URL's password) never appears in the error's text.
     model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=(),
                                       hide_input_in_errors=True)
 
@@ -72,7 +72,22 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=0, le=65535)
     recent_logs: int = Field(100, ge=1, description="Requests kept for GET /metrics?format=json.")
     shutdown_timeout: float = Field(30.0, gt=0, description="Seconds SIGTERM waits for requests in flight.")
-    db: str = Field("./bart_opt_jobs.db", description="SQLite file of evaluation jobs.")
+    db: str = Field(
+        "./bart_opt_jobs.db", description="Database of evaluation jobs: a SQLite file path (or sqlite:///PATH), or "
+        "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (the postgres extra) for several replicas on several machines."
+    )
+    db_pool_size: int = Field(5, ge=1, description="Connections to the jobs database each process keeps open.")
+    db_max_overflow: int = Field(
+        10, ge=0, description="Connections each process may open beyond db_pool_size while busy (closed when idle)."
+    )
+    db_pool_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds a request waits for a free database connection before a 503."
+    )
+    db_connect_timeout_s: float = Field(10.0, gt=0, description="Seconds to open a connection to a database server.")
+    fd_unhealthy_fraction: float = Field(
+        0.9, gt=0, le=1, description="GET /health answers 503 once the process holds this fraction of its file "
+        "descriptor limit (RLIMIT_NOFILE, ulimit -n)."
+    )
     data_dir: str = Field("./data", description="The only folder evaluation jobs may read files from.")
     hub_datasets: str = Field(
         "abisee/cnn_dailymail",
@@ -124,6 +139,14 @@ class Settings(BaseSettings):
         kind, _, index = value.partition(":")
         if kind not in ("auto", "cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
             raise ValueError(f"device must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N', got {value!r}")
+        return value
+
+    @field_validator("db")
+    @classmethod
+    def _check_db(cls, value: str) -> str:
+        from app.jobs.database import database_url  # here: app.jobs imports the settings
+
+        database_url(value)  # refused here, at start: an unknown scheme, a URL taken for a file name
         return value
 
     @field_validator("ray_address")

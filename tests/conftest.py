@@ -61,3 +61,17 @@ def ray_cluster() -> str:
             atexit.unregister(ray._private.worker.shutdown)  # Ray's exit hook would wait on the same hang
             warnings.warn("the session's Ray instance did not shut down within 60 s; Ray's reaper stops it",
                           stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One throwaway PostgreSQL cluster for the session (`bart_opt.bench.postgres.TempCluster`: initdb and
+    pg_ctl in a temp folder, as the postgres user when root); the tests that need it skip, saying why,
+    only where none can be started on this machine."""
+    from bart_opt.bench.postgres import TempCluster, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL server for the PostgreSQL tests: {reason}")
+    with TempCluster() as cluster:
+        yield cluster

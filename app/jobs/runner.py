@@ -39,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import logging
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -48,7 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.jobs.job import Job
-from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
+from app.jobs.store import BatchWrite, JobStore, StoreConflict, StoredRecord, StoreError, describe_store_error
 from app.service import shown_model
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
 from bart_opt.baselines import score_baselines
@@ -164,7 +163,7 @@ class JobRunner:
             return
         try:
             mine = self.store.renew(job_id, self.owner, self.config.lease_s)
-        except sqlite3.Error as error:
+        except StoreError as error:
             logger.warning("could not renew the lease of job %s: %s", job_id, describe_store_error(error))
             return
         self._renewed = time.monotonic()
@@ -197,7 +196,7 @@ class JobRunner:
                 continue
             try:
                 job = self.store.claim_next(self.owner, self.config.lease_s)
-            except sqlite3.Error as error:
+            except StoreError as error:
                 delay = min(max(2 * delay, 0.1), 5.0)
                 logger.warning("could not read the job queue (%s); retrying in %.1f s",
                                describe_store_error(error), delay)
@@ -258,7 +257,7 @@ class JobRunner:
                 logger.info("job %s handed back to the queue (the service is stopping)", job_id)
             else:
                 logger.info("job %s stopped: it is no longer ours (cancelled or taken over)", job_id)
-        except sqlite3.Error as error:
+        except StoreError as error:
             logger.warning("could not hand job %s back (%s); it is taken up again once its lease runs out",
                            job_id, describe_store_error(error))
 
@@ -273,7 +272,7 @@ class JobRunner:
         """One attempt to mark the job failed; False when the store refuses."""
         try:
             return self.store.fail(job_id, reason, self.owner)
-        except sqlite3.Error:
+        except StoreError:
             logger.exception("could not mark job %s failed (%s)", job_id, reason)
             return False
 
@@ -499,9 +498,9 @@ class JobRunner:
         while True:
             try:
                 return call(*args)
-            except sqlite3.IntegrityError:
+            except StoreConflict:
                 raise
-            except sqlite3.Error as error:
+            except StoreError as error:
                 reason = describe_store_error(error)
                 if time.monotonic() + delay > deadline:
                     raise _StoreDown(reason) from error

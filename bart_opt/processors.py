@@ -58,13 +58,15 @@ def ban_repeated_ngrams_dense(seqs: torch.Tensor, cur_len: torch.Tensor, scores:
     complete; windows past `cur_len` are masked out. The token completing each window gets
     -inf (a match) or 0 added by one scatter over the (N, L - n + 1) windows: adding 0 leaves a
     score as it is, and -inf wins whatever else lands on the same entry, in any order."""
+    if seqs.shape[1] < n:  # no n-gram fits the buffer
+        return scores
     windows = seqs.unfold(1, n, 1)  # (N, W, n) every n-gram of the buffer
     prefix_at = (cur_len + torch.arange(1 - n, 0, device=seqs.device)).clamp_(min=0)  # (n-1,) positions
     prefix = seqs.index_select(1, prefix_at)  # (N, n-1) the n-gram the next token would complete
     written = torch.arange(windows.shape[1], device=seqs.device) <= cur_len - n  # (W,) windows inside cur_len
     matches = (windows[..., :-1] == prefix[:, None, :]).all(dim=-1) & written  # (N, W)
     banned = torch.zeros(matches.shape, dtype=scores.dtype, device=scores.device).masked_fill_(matches, -torch.inf)
-    return scores.scatter_add_(1, windows[..., -1], banned)
+    return scores.scatter_add_(1, windows[..., -1].clamp(min=0), banned)  # a masked window may hold padding (-1)
 
 
 class DeviceProcessors:

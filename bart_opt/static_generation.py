@@ -200,7 +200,7 @@ class GreedySearch(_Search):
 
     def step(self) -> None:
         length = self.length
-        tokens = self.seqs.index_select(1, length.value - 1)  # (A, 1)
+        tokens = self.seqs.index_select(1, length.value - 1).clamp_(min=0)  # (A, 1); an ended row's padding may be -1
         logits = self.model.decode_step(tokens, self.cross, self.cache, out=self.logits)  # (A, V)
         next_tokens = self.procs(self.seqs, length.value, logits).argmax(dim=-1)  # (A,)
         self.seqs.index_copy_(1, length.value, next_tokens.masked_fill(self.ended, self.fill)[:, None])

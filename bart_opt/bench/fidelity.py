@@ -214,13 +214,16 @@ STATIC_REFERENCES = ("default (GPU layout)", "default (CPU layout)", "transforme
 
 def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: Workload) -> dict:
     """The static search's outputs against each of `STATIC_REFERENCES`, greedy and beam:
-    {"beam": {reference: Comparison dict}, "greedy": {...}}; gaps scored by transformers in `dtype`."""
+    {"beam": {reference: Comparison dict}, "greedy": {...}}; gaps scored by transformers in `dtype`.
+    In half precision also the static search's and the default's (GPU layout) against transformers
+    float32, scored in float32 (under "vs_float32"): which of the two is closer to the float32 result."""
     from transformers import BartForConditionalGeneration
 
     import bart_opt.model as model_module
     from bart_opt import Bart
 
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
+    hf32 = None if dtype == torch.float32 else BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)
@@ -242,18 +245,24 @@ def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: 
             ours.static = False
         spec = ours.generation_spec(kwargs)
         report[name] = {ref: compare(runs[ref], static, inputs, hf, spec, device).as_dict() for ref in STATIC_REFERENCES}
+        if hf32 is not None:
+            reference32 = generate_all(hf32, inputs, work.batch_size, kwargs, device, pad)
+            report[name]["vs_float32"] = {
+                label: compare(reference32, out, inputs, hf32, spec, device).as_dict()
+                for label, out in (("default (GPU layout)", runs["default (GPU layout)"]), ("static", static))}
     return report
 
 
 def format_static_table(title: str, results: dict) -> str:
     """Markdown: one row per dtype and search; the static search's identical outputs and score gaps per reference."""
     head = " | ".join(f"= {ref} | its score gaps" for ref in STATIC_REFERENCES)
-    lines = [f"### {title}", "", f"| dtype | search | {head} |", "|---|---|" + "---|---|" * len(STATIC_REFERENCES)]
+    lines = [f"### {title}", "", f"| dtype | search | {head} | same as transformers fp32: default (GPU layout) / static |",
+             "|---|---|" + "---|---|" * len(STATIC_REFERENCES) + "---|"]
     for dtype, r in results.items():
         for name in ("beam", "greedy"):
             cells = " | ".join(f"{_cell(r[name], ref)} | {_gap_summary(r[name][ref]['score_gaps'])}"
                                for ref in STATIC_REFERENCES)
-            lines.append(f"| {dtype} | {name} | {cells} |")
+            lines.append(f"| {dtype} | {name} | {cells} | {_vs_float32(r[name])} |")
     return "\n".join(lines)
 
 

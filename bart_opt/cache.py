@@ -117,7 +117,8 @@ class StaticKVCache:
         self.kv = [torch.zeros(length, rows, 2, heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
         self.position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
         self._steps = torch.arange(length, device=device)  # (L,)
-        self.bias = torch.zeros(1, 1, 1, length, dtype=dtype, device=device)  # (1, 1, 1, L)
+        self.bias = torch.full((1, 1, 1, length), -torch.inf, dtype=dtype, device=device)  # (1, 1, 1, L)
+        self.bias[..., 0] = 0  # the first step attends to position 0
         self._rows(torch.arange(rows, device=device)[:, None].expand(rows, length).contiguous())
 
     def _rows(self, history: torch.Tensor) -> None:
@@ -125,18 +126,13 @@ class StaticKVCache:
         rows = history.shape[0]
         self.history = history
         self._own = torch.arange(rows, device=history.device)[:, None].expand_as(history)  # (N, L) the unwritten part
-        self._index = torch.empty(history.numel(), dtype=torch.long, device=history.device)  # (N*L,)
+        self._offsets = self._steps[None, :] * rows  # (1, L) where position t's rows start in a flat layer
+        self._index = torch.empty(history.shape, dtype=torch.long, device=history.device)  # (N, L)
         self._reindex()
-        self._remask()
 
     def _reindex(self) -> None:
         """The flat index of every row's history into a layer's (L*N, 2, H, d) rows, after `history` changed."""
-        self._index.copy_((self.history + self._steps[None, :] * self.history.shape[0]).flatten())  # (N*L,)
-
-    def _remask(self) -> None:
-        """The mask of the positions the next step attends to (`position` and before), after it moved."""
-        hidden = self._steps > self.position  # (L,)
-        self.bias.view(-1).copy_(torch.zeros_like(self.bias.view(-1)).masked_fill_(hidden, -torch.inf))
+        torch.add(self.history, self._offsets, out=self._index)  # (N, L)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         """Write the new position's k, v (N, H, 1, d), then attend q (N, H, 1, d) over every written
@@ -145,19 +141,21 @@ class StaticKVCache:
         length, rows = kv.shape[:2]
         kv[:, :, 0].index_copy_(0, self.position, k.permute(2, 0, 1, 3))  # (1, N, H, d) at `position`
         kv[:, :, 1].index_copy_(0, self.position, v.permute(2, 0, 1, 3))
-        read = kv.view(length * rows, *kv.shape[2:]).index_select(0, self._index)  # (N*L, 2, H, d)
+        read = kv.view(length * rows, *kv.shape[2:]).index_select(0, self._index.view(-1))  # (N*L, 2, H, d)
         read = read.view(rows, length, *kv.shape[2:]).permute(2, 0, 3, 1, 4)  # (2, N, H, L, d)
         return F.scaled_dot_product_attention(q, read[0], read[1], attn_mask=self.bias, scale=scale)
 
     def advance(self, steps: int) -> None:
-        """Mark `steps` more positions as written (after every layer wrote them)."""
-        self.position += steps
-        self._remask()
+        """Mark the position as written (after every layer wrote it): the next step attends to one more."""
+        if steps != 1:
+            raise RuntimeError("a StaticKVCache is written one position a step")
+        self.position += 1
+        self.bias.view(-1).index_fill_(0, self.position, 0)
 
     def reorder(self, rows: torch.Tensor) -> None:
         """Row i continues old row `rows[i]` (N,): the written part of its history becomes that row's."""
         written = self._steps[None, :] < self.position  # (1, L)
-        self.history.copy_(torch.where(written, self.history.index_select(0, rows), self._own))
+        torch.where(written, self.history.index_select(0, rows), self._own, out=self.history)
         self._reindex()
 
     def keep(self, rows: torch.Tensor) -> None:

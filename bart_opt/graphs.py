@@ -105,7 +105,9 @@ class StepGraphs:
     def _capture(self) -> None:
         """Record the step (capturing runs nothing: the step is replayed right after)."""
         graph = torch.cuda.CUDAGraph()
-        with sdpa_kernel(PINNED_ATTENTION), torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+        # "thread_local": other threads of a service may use CUDA meanwhile; only this one must not.
+        with sdpa_kernel(PINNED_ATTENTION), torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                                                             capture_error_mode="thread_local"):
             self.step()
         self.graph = graph
         self.captures += 1

@@ -79,7 +79,7 @@ class DeviceLength:
 
     def stop_hits(self, tokens: torch.Tensor) -> torch.Tensor:
         """Whether appending `tokens` (any shape) at the current position ends a sequence (max length or EOS)."""
-        hits = (self.value + 1 >= self.spec.max_length).expand(tokens.shape)
+        hits = (self.value >= self.spec.max_length - 1).expand(tokens.shape)
         if self.eos is None:
             return hits
         return hits | (tokens[..., None] == self.eos).any(dim=-1)
@@ -206,7 +206,7 @@ class GreedySearch(_Search):
         self.seqs.index_copy_(1, length.value, next_tokens.masked_fill(self.ended, self.fill)[:, None])
         hits = length.stop_hits(next_tokens)  # (A,)
         length.advance()
-        self.ended_at.copy_(torch.where(hits & ~self.ended, length.value, self.ended_at))
+        torch.where(hits & ~self.ended, length.value, self.ended_at, out=self.ended_at)
         self.ended |= hits
 
     def done(self) -> torch.Tensor:
@@ -218,7 +218,7 @@ class GreedySearch(_Search):
     def _cancel(self, dropped: torch.Tensor) -> None:
         cut = dropped & ~self.ended  # (A,) rows stopped before they finished: start token and padding
         self.seqs[:, 1:].masked_fill_(cut[:, None], self.fill)
-        self.ended_at.copy_(torch.where(cut, self.length.value, self.ended_at))
+        torch.where(cut, self.length.value, self.ended_at, out=self.ended_at)
         self.ended |= dropped
 
     def record(self) -> None:
@@ -266,8 +266,8 @@ class BeamSearch(_Search):
         update_improvable(work, length)
         done = frozen(work, s) | (length.value >= s.max_length)  # (A,)
         newly = done & ~self.settled
-        self.results.copy_(torch.where(newly[:, None], work.finished[:, 0], self.results))
-        self.result_lengths.copy_(torch.where(newly, work.finished_lengths[:, 0], self.result_lengths))
+        torch.where(newly[:, None], work.finished[:, 0], self.results, out=self.results)
+        torch.where(newly, work.finished_lengths[:, 0], self.result_lengths, out=self.result_lengths)
         self.settled |= done
         for name in ("running", "running_scores", "finished", "finished_scores", "finished_lengths", "is_finished",
                      "improvable"):

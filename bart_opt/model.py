@@ -27,6 +27,10 @@ float32 does, and in bfloat16 with AVX512-BF16 decoding attention runs through b
 kernel (`bart_opt.native`). Its ids are not transformers' (nor the default's); their agreement
 with float32 is measured and published. On a GPU it is the default mode: there attention makes one
 call for the whole batch, padded keys masked (`bart_opt.packing.attends_per_input`).
+
+`static=True` (not with `exact`) generates with that layout on every device, at fixed shapes and with no
+host syncs between its checks; on CUDA each decoder step is a CUDA graph replay
+(`bart_opt.static_generation`, `bart_opt.graphs`, docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -60,10 +64,10 @@ from bart_opt.memory import LoggingMixin
 from bart_opt.packing import Packing, attends_per_input, skips_padded_keys
 from bart_opt.spec import GenerationSpec
 
-_EXCLUDES = {"exact": ("fast", "static"), "fast": ("exact",), "static": ("exact",)}  # modes that cannot be on together
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
 FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
 LOGITS_CHUNK = 2048  # vocabulary rows per product in exact mode's logits (see `Bart.logits`)
+_EXCLUDES = {"exact": ("fast", "static"), "fast": ("exact",), "static": ("exact",)}  # modes that cannot be on together
 
 
 class Attention(nn.Module):

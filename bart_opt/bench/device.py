@@ -44,7 +44,7 @@ import torch
 from bart_opt.bench.fidelity import strip
 from bart_opt.bench.profiling import profile_call
 from bart_opt.bench.vs_transformers import make_batch, memory_run, set_mode, timed, weights_bytes
-from bart_opt.bench.workloads import CNN_SETTINGS, build_random_checkpoint
+from bart_opt.bench.workloads import CNN_SETTINGS, SIZES, build_random_checkpoint
 from bart_opt.graphs import strict_replays
 
 CUDA_TEST_FILES = ("tests/bart_opt/test_graphs.py", "tests/bart_opt/test_memory.py")
@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bart_opt.bench.device", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="folder for device.json, device.md, tests.log, check.log and check/")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--size", default="large", help="model shape (bart_opt.bench.workloads.SIZES; tiny to test)")
+    p.add_argument("--size", default="large", choices=sorted(SIZES), help="model shape (default large; tiny to test)")
     p.add_argument("--budget-s", type=float, default=240.0,
                    help="seconds after which no larger batch is tried (default 240)")
     p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {','.join(PARTS)}")

@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
+    if args.inputs < 1 or args.max_len < 2 or args.threads < 1:
+        p.error("--inputs and --threads must be >= 1, --max-len >= 2")
     from bart_opt import Bart
     from bart_opt.demo import build_checkpoint
 

@@ -27,6 +27,15 @@ STATIC_CASES = {
 }
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models run faster on one thread (and a shared machine's second core is often busy)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
 def checkpoint(request, make_checkpoint):
     return make_checkpoint(**CHECKPOINTS[request.param])
@@ -197,35 +206,31 @@ def d256(make_checkpoint) -> str:
 
 @pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
 def wide(request, d256):
-    """The static search's and the default's (both layouts) outputs for the d256 batch, in one dtype, one thread."""
+    """The static search's and the default's (both layouts) outputs for the d256 batch, in one dtype (one thread,
+    as published)."""
     import bart_opt.model as model_module
     from bart_opt.bench.fidelity import Workload, make_inputs, padded, strip
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        work = Workload()
-        dtype = getattr(torch, request.param)
-        model = Bart.from_pretrained(d256, dtype=dtype)
-        inputs = make_inputs(model.config, work)[: work.batch_size]
-        ids, mask = padded(inputs, model.config.pad_token_id)
-        assert (mask == 0).any() and ids.shape[1] > 100, "a padded batch with long inputs"
-        out = {"dtype": request.param, "model": model, "inputs": inputs, "work": work, "path": d256}
-        rows = lambda t: [strip(r, model.config.pad_token_id) for r in t]  # noqa: E731
-        for search, beams in (("beam", work.num_beams), ("greedy", 1)):
-            kwargs = work.settings(beams)
-            out[search, "CPU layout"] = rows(model.generate(ids, mask, **kwargs))
-            with pytest.MonkeyPatch.context() as patch:
-                patch.setattr(model_module, "attends_per_input", lambda device: False)
-                out[search, "GPU layout"] = rows(model.generate(ids, mask, **kwargs))
-            model.static = True
-            got = model.generate(ids, mask, **kwargs)
-            model.static = False
-            assert got.shape[1] == 1 + work.new_tokens, "outputs run to the full 40 new tokens"
-            out[search, "static"] = rows(got)
-        yield out
-    finally:
-        torch.set_num_threads(before)
+    work = Workload()
+    dtype = getattr(torch, request.param)
+    model = Bart.from_pretrained(d256, dtype=dtype)
+    inputs = make_inputs(model.config, work)[: work.batch_size]
+    ids, mask = padded(inputs, model.config.pad_token_id)
+    assert (mask == 0).any() and ids.shape[1] > 100, "a padded batch with long inputs"
+    out = {"dtype": request.param, "model": model, "inputs": inputs, "work": work, "path": d256}
+    rows = lambda t: [strip(r, model.config.pad_token_id) for r in t]  # noqa: E731
+    for search, beams in (("beam", work.num_beams), ("greedy", 1)):
+        kwargs = work.settings(beams)
+        out[search, "CPU layout"] = rows(model.generate(ids, mask, **kwargs))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(model_module, "attends_per_input", lambda device: False)
+            out[search, "GPU layout"] = rows(model.generate(ids, mask, **kwargs))
+        model.static = True
+        got = model.generate(ids, mask, **kwargs)
+        model.static = False
+        assert got.shape[1] == 1 + work.new_tokens, "outputs run to the full 40 new tokens"
+        out[search, "static"] = rows(got)
+    return out
 
 
 @pytest.mark.parametrize("search", ["beam", "greedy"])

@@ -102,8 +102,8 @@ class DeviceLength:
 
 
 def bucket(inputs: int, size: int) -> int:
-    """Rows of working inputs for `inputs` unsettled ones, in a batch of `size` now: the smallest power of two
-    that holds them, or `size` itself when that is not smaller."""
+    """The bucket (working inputs) for `inputs` unsettled ones in a batch of `size` now: the smallest power
+    of two that holds them, or `size` itself when that is not smaller."""
     return min(size, 1 << max(inputs - 1, 0).bit_length())
 
 

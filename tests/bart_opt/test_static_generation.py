@@ -12,6 +12,7 @@ from bart_opt.bench.dispatch import counting
 from bart_opt.cache import StaticKVCache
 from bart_opt.static_generation import CHECK_EVERY, bucket
 from tests.bart_opt.reference import batch
+from tests.bart_opt.test_fidelity import one_thread  # noqa: F401  (autouse: one thread, as the published figures)
 from tests.bart_opt.test_generation import CASES, CHECKPOINTS, _steps_and_ids, _unpadded, reference_generate
 
 # transformers' own settings the default's suite does not cover, against transformers too.
@@ -25,15 +26,6 @@ STATIC_CASES = {
     "ngram_3_greedy": dict(num_beams=1, no_repeat_ngram_size=3, min_length=10),
     "max_length_2": dict(num_beams=3, max_length=2, min_length=0),
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run faster on one thread (and a shared machine's second core is often busy)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module", params=sorted(CHECKPOINTS))

@@ -24,9 +24,10 @@ from app.metrics import Metrics
 from app.schemas import GenerationOptions
 from app.settings import Settings
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
-from bart_opt.errors import InvalidRequest
+from bart_opt.errors import CheckpointError, InvalidRequest
 from bart_opt.evaluate.core import RunControl
 from bart_opt.spec import GenerationSpec
+from bart_opt.fingerprint import Fingerprint
 from bart_opt.summarizer import Encoded, Summarizer
 
 SummarizerLoader = Callable[[Settings], Summarizer]
@@ -52,13 +53,18 @@ def shown_model(model: str) -> str:
     return path.name if path.is_absolute() else model
 
 
-def unavailable(state: State) -> ApiError:
-    """The 503 for a worker in `state`; the reason's details are in the server log, not here."""
+def unavailable(state: State, load_error: BaseException | None = None) -> ApiError:
+    """The 503 for a worker in `state`; the reason's details are in the server log, not here.
+
+    A checkpoint refused as a whole (`load_error` a `CheckpointError`) names its problem, which
+    holds no server path.
+    """
     retry = {"Retry-After": _NOT_READY_RETRY_AFTER}
     if state is State.LOADING:
         return ApiError(503, "not_ready", "the model is still loading", headers=retry)
     if state is State.FAILED:
-        message = "the model failed to load; the server log has the reason"
+        problem = f" ({load_error.problem})" if isinstance(load_error, CheckpointError) else ""
+        message = f"the model failed to load{problem}; the server log has the reason"
         return ApiError(503, "model_load_failed", message, headers=retry)
     if state is State.DEAD:
         message = "the device worker stopped unexpectedly; the server needs a restart (the log has the reason)"
@@ -128,6 +134,12 @@ class Engine:
         """The model's device, None before it is loaded."""
         return str(self.summarizer.device) if self.summarizer is not None else None
 
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        """The loaded checkpoint's fingerprint (`bart_opt.fingerprint`); None before it is loaded
+        or when the model came from elsewhere than a checkpoint folder."""
+        return self.summarizer.fingerprint if self.summarizer is not None else None
+
     def weights_bytes(self) -> int | None:
         """The weights' bytes, None before the model is loaded."""
         return self.summarizer.model.weights_bytes() if self.summarizer is not None else None
@@ -146,15 +158,19 @@ class Engine:
         except InvalidRequest as error:
             raise error.within("generation") from None
 
+    def unavailable(self, state: State) -> ApiError:
+        """The 503 for the worker in `state` (`unavailable`, with the worker's load error)."""
+        return unavailable(state, self.worker.load_error)
+
     def check_ready(self) -> None:
         """Raise the 503 that fits the worker's state unless it takes work."""
         if self.state is not State.READY:
-            raise unavailable(self.state)
+            raise self.unavailable(self.state)
 
     def check_alive(self) -> None:
         """Raise a 503 when the process can no longer serve without a restart (the device worker died)."""
         if self.state is State.DEAD:
-            raise unavailable(State.DEAD)
+            raise self.unavailable(State.DEAD)
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """`Summarizer.encode`, from any thread."""

@@ -8,7 +8,9 @@ thread, and the worker) and the two services it is injected into. Shared objects
 (:class:`app.summarize_service.SummarizeService`) and ``jobs`` (:class:`app.jobs.JobService`,
 the evaluation jobs, resumed when the app starts) while the lifespan runs.
 Every router but health's and the dashboard's (a page and its scripts, no data) is included
-with the API-key dependency.
+with the API-key dependency; ``GET /auth`` checks the key and nothing else (the dashboard's
+sign-in). The API docs (``/docs``, ``/openapi.json``) exist only with ``BART_OPT_DOCS=true``,
+behind the key too (`app.routes.docs`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,13 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from app import startup
 from app.errors import document_errors, install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, TimeLimitMiddleware
-from app.routes import compare, dashboard, evaluate, examples, health, metrics, options, summarize
 from app.engine import Engine, SummarizerLoader, load_summarizer
+from app.routes import auth, compare, dashboard, evaluate, examples, health, metrics, options, summarize
 from app.security import require_api_key
 from app.settings import Settings
 from app.summarize_service import SummarizeService
@@ -38,6 +41,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        startup.log_warnings(settings)
         engine = Engine(settings, registry, load)
         jobs = JobService(settings, registry, engine)
         app.state.engine, app.state.service, app.state.jobs = engine, SummarizeService(settings, registry, engine), jobs
@@ -57,6 +61,10 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
         summary="Summarization with a memory-optimized BART; per-request memory and timing reports.",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's own pages load their scripts from a CDN; ours are app.routes.docs, when asked for.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.settings = settings
     app.state.metrics = registry
@@ -70,6 +78,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.add_middleware(RequestContextMiddleware, metrics=registry)
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
+    app.include_router(auth.router, dependencies=protected)
     app.include_router(summarize.router, dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(evaluate.router, dependencies=protected)
@@ -77,6 +86,11 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(compare.router, dependencies=protected)
     app.include_router(options.router, dependencies=protected)
     app.include_router(dashboard.router)
+    if settings.docs:
+        from app.routes import docs
+
+        app.include_router(docs.pages, dependencies=protected)
+        app.include_router(docs.assets)
     document_errors(app)
     return app
 

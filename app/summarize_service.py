@@ -18,13 +18,14 @@ from collections.abc import Awaitable, Callable
 from starlette.concurrency import run_in_threadpool
 
 from app.device_runner import ItemResult
-from app.engine import Engine, unavailable
+from app.engine import Engine
 from app.errors import ApiError
 from app.limits import RequestLimits
 from app.metrics import Metrics
 from app.schemas import SummarizeRequest
 from app.settings import Settings
 from app.worker import NotAccepting, QueueFull, State, WorkerDied, WorkItem
+from bart_opt.fingerprint import Fingerprint
 from bart_opt.summarizer import check_text
 
 class ClientDisconnected(ApiError):
@@ -57,6 +58,11 @@ class SummarizeService:
     def device(self) -> str | None:
         """The model's device (None before it is loaded)."""
         return self.engine.device
+
+    @property
+    def fingerprint(self) -> Fingerprint | None:
+        """The loaded checkpoint's fingerprint (`Engine.fingerprint`)."""
+        return self.engine.fingerprint
 
     def check_ready(self) -> None:
         """The engine's 503 unless it takes work (`Engine.check_ready`)."""
@@ -107,7 +113,7 @@ class SummarizeService:
                 headers={"Retry-After": str(error.retry_after)},
             ) from error  # fmt: skip
         except NotAccepting as error:
-            raise unavailable(error.state) from error
+            raise self.engine.unavailable(error.state) from error
 
     async def _wait(self, item: WorkItem, is_disconnected: Callable[[], Awaitable[bool]]) -> ItemResult:
         """Await the item's result; if the client goes away or the handler is cancelled (deadline),
@@ -121,7 +127,7 @@ class SummarizeService:
                 if await is_disconnected():
                     raise ClientDisconnected()
         except WorkerDied as error:
-            raise unavailable(State.DEAD) from error
+            raise self.engine.unavailable(State.DEAD) from error
         finally:
             if not future.done():
                 self.engine.cancel(item)

@@ -38,6 +38,7 @@ from bart_opt.batching import (
     DEFAULT_OOM_ERRORS, Device, InlineDevice, SplitOutcome, collate, pipelined, plan_batches, run_with_oom_split,
     trim_pad_columns,
 )
+from bart_opt.checkpoint import check_embeddable, check_tokenizer, load_tokenizer
 from bart_opt.errors import InvalidRequest
 from bart_opt.generation import Cancelled
 from bart_opt.memory import measure
@@ -112,7 +113,8 @@ class Summarizer:
         fast: bool = False,
         **kwargs,
     ) -> Summarizer:
-        """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id.
+        """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id, and check
+        that they fit together (`bart_opt.checkpoint`: `CheckpointError` otherwise).
 
         `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
         and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
@@ -134,8 +136,6 @@ class Summarizer:
     def from_options(cls, options: EngineOptions, **hooks) -> Summarizer:
         """Load what `options` describe (`bart_opt.options.EngineOptions`); `hooks` go to the
         constructor (``scorer``, ``oom_errors``, ``before_model_call``)."""
-        from transformers import AutoTokenizer
-
         from bart_opt.loading import resolve_checkpoint
         from bart_opt.model import Bart
 
@@ -143,9 +143,10 @@ class Summarizer:
             torch.set_num_threads(options.torch_threads)
         device = options.torch_device()
         folder = resolve_checkpoint(options.model)
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = load_tokenizer(folder)
         model = Bart.from_pretrained(str(folder), device=device, dtype=options.torch_dtype(device),
                                      **options.engine_kwargs())
+        check_tokenizer(tokenizer, model.config, model.generation_config)
         return cls(model, tokenizer, name=options.model, max_batch_tokens=options.max_batch_tokens,
                    max_batch_size=options.max_batch_size, max_beams=options.max_beams,
                    count_cpu_tensors=options.count_cpu_tensors, **hooks)
@@ -154,6 +155,11 @@ class Summarizer:
     def device(self) -> torch.device:
         """The model's device."""
         return self.model.device
+
+    @property
+    def fingerprint(self):
+        """The `bart_opt.fingerprint.Fingerprint` of the checkpoint loaded (None for a model not loaded from files)."""
+        return self.model.fingerprint
 
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
         """Resolve generation overrides over the checkpoint's defaults, once, under this summarizer's
@@ -164,9 +170,10 @@ class Summarizer:
         """Tokenize with the summarization prefix, cutting at the model's positions.
 
         Inputs longer than `max_input_tokens` are truncated the way the tokenizer does
-        (special tokens kept) and flagged. A text that is not a string or cannot be encoded
-        as UTF-8 (a lone surrogate) raises `InvalidRequest` naming ``texts[i]``. Safe to call
-        from several threads (each borrows a tokenizer of `tokens`).
+        (special tokens kept) and flagged. A text that is not a string, cannot be encoded
+        as UTF-8 (a lone surrogate) or spells out a token the model has no embedding for
+        (`check_embeddable`) raises `InvalidRequest` naming ``texts[i]``. Safe to call from
+        several threads (each borrows a tokenizer of `tokens`).
         """
         for i, text in enumerate(texts):
             check_text(text, f"texts[{i}]")
@@ -174,6 +181,7 @@ class Summarizer:
         with self.tokens.borrow() as tokenizer:
             # One token past the limit tells cut inputs apart without a second full pass.
             probe = tokenizer(prefixed, truncation=True, max_length=self.max_input_tokens + 1)["input_ids"]
+            check_embeddable(probe, self.model.config.vocab_size, tokenizer)
             long_positions = [i for i, ids in enumerate(probe) if len(ids) > self.max_input_tokens]
             if long_positions:
                 cut = tokenizer([prefixed[i] for i in long_positions], truncation=True, max_length=self.max_input_tokens)

@@ -1,4 +1,4 @@
-"""Evaluation jobs: ``POST /evaluate`` on a dataset, persisted in SQLite, resumed after a restart.
+"""Evaluation jobs: ``POST /evaluate`` on a dataset, persisted in SQLite or PostgreSQL, resumed after a restart.
 
 - `app.jobs.service.JobService`: what the routes call (validation, the job view, the upkeep thread).
 - `app.jobs.bodies`: the routes' request and response bodies (`EvaluateRequest`, `JobView`).
@@ -7,7 +7,9 @@
 - `app.jobs.runner.JobRunner`: the thread that runs jobs through the evaluation core
   (`bart_opt.evaluate`), on the shared engine's worker or on a Ray cluster (`app.jobs.ray_source`).
 - `app.jobs.storage`: the store as the core's source and sink.
-- `app.jobs.store.JobStore`: the SQLite tables, leases and counts; `app.jobs.schema` versions and migrates them.
+- `app.jobs.store.JobStore`: the tables, leases and counts; `app.jobs.database` the URL, pool and errors;
+  `app.jobs.migrations` versions and migrates the schema (Alembic).
+- `app.jobs.listing`: the cursors and links of ``GET /evaluate``'s pages.
 - `app.jobs.paths.resolve_data_file`: ``{"file": ...}`` confined to ``BART_OPT_DATA_DIR``.
 - `app.jobs.sources.check_hub_source`: ``{"hub": ...}`` confined to hub ids on ``BART_OPT_HUB_DATASETS``.
 """

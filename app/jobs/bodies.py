@@ -224,10 +224,18 @@ class JobView(BaseModel):
         )
 
 
+class PageLinks(BaseModel):
+    """The pages around one of ``GET /evaluate`` (None where there is nothing more that way)."""
+
+    next: str | None = Field(description="Older jobs: the next page.")
+    prev: str | None = Field(description="Newer jobs: the page before.")
+
+
 class JobList(BaseModel):
-    """``GET /evaluate``: jobs, newest first (without per-batch memory)."""
+    """``GET /evaluate``: a page of jobs, newest first (without per-batch memory), and its neighbours."""
 
     jobs: list[JobView]
+    links: PageLinks
 
 
 def _iso(timestamp: float | None) -> str | None:

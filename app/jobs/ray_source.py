@@ -4,8 +4,8 @@ With Ray the job runner composes `bart_opt.distributed.ReplicaPool` as its execu
 the service's device worker (which then serves ``POST /summarize`` alone); everything else
 about a job (claims, leases, cancel, stop, the store, the failure streak, the metrics) is the
 same runner and the same evaluation core. Only the records travel differently: they are read
-from the jobs database by Ray Data read tasks pinned to this node (the database is a file
-here), one per span of about a replica call's records, two at a time, in record order; they
+from the jobs database by Ray Data read tasks pinned to this node (a SQLite database is a
+file here), one per span of about a replica call's records, two at a time, in record order; they
 ask Ray for no CPU, so the replicas may have them all. Ray Data's backpressure bounds what is
 read ahead, and a resume reads only what earlier runs did not write.
 
@@ -34,7 +34,7 @@ READ_TASKS = 2  # read tasks at a time (they ask for no CPU, so Ray would not bo
 
 
 class PendingRecords(Datasource):
-    """A job's records without a prediction, read from the jobs database at `db`: one read task per
+    """A job's records without a prediction, read from the jobs database `db` (``BART_OPT_DB``): one read task per
     `span` positions (``0 .. total - 1``), each one block of the pending records in its span.
 
     Ray Data gives a block to one replica call (adding blocks until the call has its batch size),
@@ -79,6 +79,6 @@ def _read_span(db: str, job_id: str, start: int, stop: int) -> Iterator[pa.Table
 def pending_dataset(store: JobStore, job: Job, replicas: int) -> tuple[ray.data.Dataset, int]:
     """The pending records of `job` as a Ray Dataset of the replicas' input columns, read on this
     node two spans at a time, and how many there are (spans of about a replica call's records)."""
-    source = PendingRecords(str(store.path.resolve()), job.id, job.total, records_per_call(job.total, replicas))
+    source = PendingRecords(store.location, job.id, job.total, records_per_call(job.total, replicas))
     here = {NODE_ID_LABEL: ray.get_runtime_context().get_node_id()}
     return ray.data.read_datasource(source, num_cpus=0, concurrency=READ_TASKS, label_selector=here), job.pending

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from typing import Any, TypeVar
 from app.engine import Engine, shown_model
 from app.jobs.job import Job
 from app.jobs.storage import Interrupted, StoreSink, StoreSource
-from app.jobs.store import JobStore, describe_store_error
+from app.jobs.store import JobStore, StoreConflict, StoreError, describe_store_error
 from app.worker import State
 from bart_opt.evaluate.core import Executor, FailureStreak, RunControl, evaluate_records
 from bart_opt.evaluate.metrics import metrics_from_rows, score_baselines
@@ -137,7 +136,7 @@ class JobRunner:
             return
         try:
             mine = self.store.renew(job_id, self.owner, self.config.lease_s)
-        except sqlite3.Error as error:
+        except StoreError as error:
             logger.warning("could not renew the lease of job %s: %s", job_id, describe_store_error(error))
             return
         self._renewed = time.monotonic()
@@ -167,7 +166,7 @@ class JobRunner:
                 continue
             try:
                 job = self.store.claim_next(self.owner, self.config.lease_s)
-            except sqlite3.Error as error:
+            except StoreError as error:
                 delay = min(max(2 * delay, 0.1), 5.0)
                 logger.warning("could not read the job queue (%s); retrying in %.1f s",
                                describe_store_error(error), delay)
@@ -266,7 +265,7 @@ class JobRunner:
                 logger.info("job %s handed back to the queue (the service is stopping)", job_id)
             else:
                 logger.info("job %s stopped: it is no longer ours (cancelled or taken over)", job_id)
-        except sqlite3.Error as error:
+        except StoreError as error:
             logger.warning("could not hand job %s back (%s); it is taken up again once its lease runs out",
                            job_id, describe_store_error(error))
 
@@ -281,7 +280,7 @@ class JobRunner:
         """One attempt to mark the job failed; False when the store refuses."""
         try:
             return self.store.fail(job_id, reason, self.owner)
-        except sqlite3.Error:
+        except StoreError:
             logger.exception("could not mark job %s failed (%s)", job_id, reason)
             return False
 
@@ -321,9 +320,9 @@ class JobRunner:
         while True:
             try:
                 return call(*args)
-            except sqlite3.IntegrityError:
+            except StoreConflict:
                 raise
-            except sqlite3.Error as error:
+            except StoreError as error:
                 reason = describe_store_error(error)
                 if time.monotonic() + delay > deadline:
                     raise _StoreDown(reason) from error

@@ -46,7 +46,7 @@ def engine_settings(options: type[EngineOptions] = EngineOptions) -> type[BaseSe
 class Settings(engine_settings()):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment.
 
-    The engine's fields (model, device, dtype, exact, fast, budgets, max_beams, torch_threads,
+    The engine's fields (model, device, dtype, exact, fast, static, budgets, max_beams, torch_threads,
     count_cpu_tensors) come from `bart_opt.options.EngineOptions`; `engine_options` gives them back
     as that value.
     """

@@ -67,6 +67,9 @@ class EngineOptions:
     fast: bool = option(False, "faster half-precision kernels (bfloat16 on CPU: bart_opt's own attention kernel, "
                                "built on first use), with summaries that differ from transformers' more often",
                         engine=True, exclusive="mode")
+    static: bool = option(False, "static search: fixed shapes, no host syncs between its done-checks, a CUDA graph "
+                                 "per decoder step on CUDA; the default's ids up to near-ties (not with --exact)",
+                          engine=True)
     max_batch_tokens: int = option(32768, "token budget of one model call: longest input x texts x beams",
                                    service=16384)  # the seed's 8 inputs x 1024 tokens x 4 beams
     max_batch_size: int = option(64, "most texts in one model call", service=32)

@@ -82,18 +82,31 @@ def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(mo
 
 def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
     from app.settings import engine_settings
-    from tests.bart_opt.test_options import WithStatic
+    from tests.bart_opt.test_options import WithQuantize
 
-    class StaticSettings(engine_settings(WithStatic)):
+    class QuantizeSettings(engine_settings(WithQuantize)):
         model_config = Settings.model_config
 
-    assert StaticSettings().static is False
-    monkeypatch.setenv("BART_OPT_STATIC", "true")
+    assert QuantizeSettings().quantize is None
     monkeypatch.setenv("BART_OPT_QUANTIZE", "int8")
-    assert (StaticSettings().static, StaticSettings().quantize) == (True, "int8")
+    assert QuantizeSettings().quantize == "int8"
     monkeypatch.setenv("BART_OPT_QUANTIZE", "int4")
     with pytest.raises(ValidationError, match="quantize"):
-        StaticSettings()
+        QuantizeSettings()
+
+
+def test_bart_opt_static_reaches_the_model(monkeypatch, demo_checkpoint):
+    from app.engine import load_summarizer
+
+    monkeypatch.delenv("BART_OPT_STATIC", raising=False)
+    assert Settings(model=demo_checkpoint, device="cpu").static is False
+    monkeypatch.setenv("BART_OPT_STATIC", "true")
+    settings = Settings(model=demo_checkpoint, device="cpu")
+    assert settings.static is True and settings.engine_options().static is True
+    assert load_summarizer(settings).model.static is True
+    monkeypatch.setenv("BART_OPT_STATIC", "maybe")
+    with pytest.raises(ValidationError, match="static"):
+        Settings(model=demo_checkpoint)
 
 
 @pytest.mark.parametrize("value, says", [

@@ -14,10 +14,9 @@ from bart_opt.summarizer import Summarizer
 
 
 @dataclasses.dataclass(frozen=True)
-class WithStatic(EngineOptions):
+class WithQuantize(EngineOptions):
     """EngineOptions with one more engine option, as the lead adds one: a single line."""
 
-    static: bool = option(False, "static shapes for CUDA graphs", engine=True)
     quantize: str | None = option(None, "weights in int8", engine=True, choices=("int8",))
 
 
@@ -45,16 +44,16 @@ def test_exact_and_fast_exclude_each_other_and_the_model_is_required(capsys):
 
 
 def test_a_new_field_is_one_line_a_flag_and_an_engine_argument(capsys):
-    assert parse(["--model", "m", "--static", "--quantize", "int8"], WithStatic) == WithStatic(
+    assert parse(["--model", "m", "--static", "--quantize", "int8"], WithQuantize) == WithQuantize(
         model="m", static=True, quantize="int8")
-    assert parse(["--model", "m"], WithStatic).static is False
-    assert WithStatic(model="m", static=True, fast=True).engine_kwargs() == {"exact": False, "fast": True,
-                                                                             "static": True, "quantize": None}
+    assert parse(["--model", "m"], WithQuantize).quantize is None
+    assert WithQuantize(model="m", static=True, fast=True).engine_kwargs() == {"exact": False, "fast": True,
+                                                                               "static": True, "quantize": None}
     with pytest.raises(SystemExit):
-        parse(["--model", "m", "--quantize", "int4"], WithStatic)
+        parse(["--model", "m", "--quantize", "int4"], WithQuantize)
     assert "invalid choice: 'int4'" in capsys.readouterr().err
     with pytest.raises(InvalidRequest, match="quantize: must be one of int8, got 'int4'"):
-        WithStatic(quantize="int4")
+        WithQuantize(quantize="int4")
 
 
 @pytest.mark.parametrize(("field", "value"), [("device", "gpu"), ("device", "cpu:1"), ("device", "cuda:x"),
@@ -93,3 +92,13 @@ def test_the_summarizer_loads_what_the_options_say(demo_checkpoint):
     assert (summarizer.name, summarizer.max_batch_size, summarizer.max_beams) == (demo_checkpoint, 3, 2)
     assert summarizer.model.exact and not summarizer.count_cpu_tensors and summarizer.device.type == "cpu"
     assert summarizer.max_batch_tokens == EngineOptions.max_batch_tokens
+
+
+def test_static_is_a_flag_and_a_keyword_of_the_model(demo_checkpoint):
+    assert parse(["--model", "m"]).static is False
+    assert parse(["--model", "m", "--static", "--fast"]).engine_kwargs() == {"exact": False, "fast": True,
+                                                                             "static": True}
+    assert Summarizer.from_pretrained(demo_checkpoint, device="cpu", static=True).model.static is True
+    assert Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu")).model.static is False
+    with pytest.raises(ValueError, match="static and exact exclude each other"):
+        Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, static=True)

@@ -283,16 +283,16 @@ class SummarizerExecutor:
                    control: RunControl | None = None) -> Iterator[RowBatch]:
         """The row batches of one window: its refused records first, then its planned batches."""
         control = control or RunControl()
-        window = [screened(p) for p in window]
-        refused = [p for p in window if p.refused is not None]
+        tick = time.perf_counter()
+        window = self._encoded([screened(p) for p in window])
+        refused = [p for p, _ in window if p.refused is not None]
         if refused:
             yield RowBatch([refused_row(p.record, p.refused) for p in refused], [p.position for p in refused], REFUSED)
-        pending = [p for p in window if p.refused is None]
-        if not pending:
+        runnable = [(p, encoded) for p, encoded in window if p.refused is None]
+        if not runnable:
             return
-        tick = time.perf_counter()
-        runnable = list(zip(pending, self.summarizer.encode([p.record.text for p in pending])))
         tokenize_share = (time.perf_counter() - tick) / len(runnable)
+        pending = [p for p, _ in runnable]
         everything = range(len(runnable))
         outcomes = self.summarizer.iter_batches(
             [p.record.text for p in pending], [p.record.reference for p in pending],
@@ -304,6 +304,28 @@ class SummarizerExecutor:
                 yield from _row_batches(outcome, runnable, tokenize_share)
         finally:
             outcomes.close()
+
+
+    def _encoded(self, window: list[Pending]) -> list[tuple[Pending, Encoded | None]]:
+        """Each record with its token ids; one the tokenizer refuses (a token the model has no
+        embedding for) refused with the reason, the others kept: the window is encoded once, and
+        record by record only when that fails."""
+        texts = [p.record.text for p in window if p.refused is None]
+        try:
+            encoded = iter(self.summarizer.encode(texts)) if texts else iter(())
+            return [(p, None if p.refused is not None else next(encoded)) for p in window]
+        except InvalidRequest:
+            pass
+        found = []
+        for p in window:
+            if p.refused is None:
+                try:
+                    found.append((p, self.summarizer.encode([p.record.text])[0]))
+                    continue
+                except InvalidRequest as error:
+                    p = Pending(p.position, p.record, f"text: {error.message}")
+            found.append((p, None))
+        return found
 
 
 def _row_batches(outcome: BatchOutcome, runnable: list[tuple[Pending, Encoded]],

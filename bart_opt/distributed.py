@@ -60,6 +60,9 @@ from bart_opt.data import Record
 from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.core import Pending, RunControl, Source, SummarizerExecutor, screened
 from bart_opt.evaluate.rows import RowBatch
+from bart_opt.fingerprint import check_fingerprint
+from bart_opt.fingerprint import fingerprint as checkpoint_fingerprint
+from bart_opt.loading import resolve_checkpoint, weights_file
 from bart_opt.options import EngineOptions
 from bart_opt.rouge import RougeScorer
 from bart_opt.spec import GenerationSpec
@@ -258,9 +261,12 @@ class Replica:
     ``peak_bytes``, ``seconds``, ``call_started_at``, ``finished_at``, ``model_call``, ``replica``.
     """
 
-    def __init__(self, engine: EngineOptions, spec: GenerationSpec, load: Loader = Summarizer.from_options):
+    def __init__(self, engine: EngineOptions, spec: GenerationSpec, fingerprint: str | None = None,
+                 load: Loader = Summarizer.from_options):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.summarizer = load(engine)
+        if fingerprint is not None:  # the driver's: a replica on a node with other files must not run
+            check_fingerprint(fingerprint, self.summarizer.fingerprint, "this run")
         self.executor = SummarizerExecutor(self.summarizer)
         self.spec = spec
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
@@ -311,6 +317,7 @@ class ReplicaPool:
                               torch_threads=self.options.threads_per_replica)
         self.placement: Placement | None = None
         self._configs = None
+        self._fingerprint: str | None = None
 
     # ---- what run_evaluation asks of its model -------------------------------------------
 
@@ -329,7 +336,7 @@ class ReplicaPool:
         if self._configs is None:
             from transformers import BartConfig
 
-            from bart_opt.loading import load_generation_config, resolve_checkpoint
+            from bart_opt.loading import load_generation_config
 
             folder = resolve_checkpoint(self.engine.model)
             config = BartConfig.from_pretrained(str(folder))
@@ -357,6 +364,14 @@ class ReplicaPool:
     def identity(self) -> dict[str, Any]:
         """What a resumed run must match: the model's name."""
         return {"model": self.name}
+
+    @property
+    def fingerprint(self) -> str:
+        """The checkpoint's content digest, hashed on the driver (each replica checks that it loaded the same)."""
+        if self._fingerprint is None:
+            folder = resolve_checkpoint(self.engine.model)
+            self._fingerprint = str(checkpoint_fingerprint(folder, weights_file(folder).name))
+        return self._fingerprint
 
     def run(self, source: Source, spec: GenerationSpec, control: RunControl) -> Iterator[RowBatch]:
         """The row batches of `source`'s records (see the module docstring), as their calls return.
@@ -400,7 +415,8 @@ class ReplicaPool:
             warnings.simplefilter("ignore", DeprecationWarning)
             pipeline = dataset.map_batches(
                 Replica,
-                fn_constructor_kwargs={"engine": self.engine, "spec": spec, "load": self.load},
+                fn_constructor_kwargs={"engine": self.engine, "spec": spec, "fingerprint": self.fingerprint,
+                                       "load": self.load},
                 batch_size=per_call,
                 batch_format="pyarrow",
                 # No more replicas than calls: each would load the model for nothing.

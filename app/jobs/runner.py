@@ -197,7 +197,7 @@ class JobRunner:
         self.on_change()
         logger.info("job %s: run %d, %d of %d examples done", job.id, job.runs, job.done, job.total)
         try:
-            if self._claimed_for_another_model(job):
+            if self._claimed_for_another_model(job) or self._claimed_for_another_checkpoint(job):
                 return
             self._process(job, control)
             self._conclude(job.id)
@@ -221,6 +221,29 @@ class JobRunner:
             return False
         self._store(self.store.fail, job.id, f"the job was submitted for model {shown_model(job.model)!r} but the "
                     f"server now runs {shown_model(self.engine.name)!r}; submit it again", self.owner)
+        return True
+
+    def _claimed_for_another_checkpoint(self, job: Job) -> bool:
+        """Fail `job` when the checkpoint loaded now is not the one it was submitted to (True): the
+        same path refilled with other weights must not finish a job half made by the first ones.
+
+        A job from before fingerprints (none stored) takes this checkpoint's if no row is stored
+        yet; with rows stored it cannot be told what made them, so it is failed.
+        """
+        found = self._executor.fingerprint
+        if job.fingerprint is None:
+            if found is None or self._store(self.store.adopt_fingerprint, job.id, self.owner, found):
+                return False
+            reason = (f"the job has {job.done} stored predictions but no record of the checkpoint that made them "
+                      f"(it predates checkpoint fingerprints), and the server now runs {found}; submit it again")
+        elif found == job.fingerprint:
+            return False
+        else:
+            reason = (f"the job was submitted to checkpoint {job.fingerprint}, but {shown_model(self.engine.name)!r} "
+                      f"is now checkpoint {found}; its {job.done} stored predictions are kept, and nothing is mixed: "
+                      "submit it again to run it on this checkpoint")
+        logger.warning("job %s not resumed: %s", job.id, reason)
+        self._store(self.store.fail, job.id, reason, self.owner)
         return True
 
     def _process(self, job: Job, control: RunControl) -> None:

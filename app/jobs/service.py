@@ -185,14 +185,22 @@ class JobService:
         self.damaged = error.reason
         self._store_ready.clear()
 
-    def check_damaged(self) -> None:
-        """Raise the 503 of a damaged database (for ``/ready``); nothing when it is not known to be."""
-        if self.damaged is not None:
-            raise ApiError(503, "jobs_store_damaged", f"{self.damaged}: evaluation jobs are off; repair or restore "
-                           "the database (BART_OPT_DB) and restart the server")
+    def damage(self) -> dict | None:
+        """``{"code": "jobs_store_damaged", "message"}`` while the database is known to be damaged
+        (``/ready`` lists it and reads ``degraded``), else None."""
+        if self.damaged is None:
+            return None
+        return {"code": "jobs_store_damaged", "message": f"{self.damaged}: evaluation jobs are off; repair or "
+                "restore the database (BART_OPT_DB) and restart the server"}
+
+    def _check_damaged(self) -> None:
+        """Raise the 503 of a damaged database (no ``Retry-After``); nothing when it is not known to be."""
+        damage = self.damage()
+        if damage is not None:
+            raise ApiError(503, damage["code"], damage["message"])
 
     def _check_available(self) -> None:
-        self.check_damaged()
+        self._check_damaged()
         if self.unavailable is not None:
             raise ApiError(503, "jobs_unavailable", f"evaluation jobs are unavailable: {self.unavailable}",
                            headers=_RETRY_AFTER)
@@ -207,7 +215,7 @@ class JobService:
             logger.warning("jobs database error: %s (%r)", error.reason, error.__cause__)
             if error.damaged:
                 self._damaged(error)
-                self.check_damaged()
+                self._check_damaged()
             raise ApiError(503, "jobs_store_unavailable", f"{describe_store_error(error)}; retry later",
                            headers=_RETRY_AFTER) from error
 
@@ -258,7 +266,9 @@ class JobService:
                 if existing is not None:
                     return self._replay(existing, idempotency_key, request_hash), False
             generation = self.engine.request_spec(body.generation)
+            fingerprint = self.engine.fingerprint
             new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=self.engine.name,
+                         fingerprint=None if fingerprint is None else str(fingerprint),
                          dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
                          generation=generation.to_dict(), idempotency_key=idempotency_key,
                          baselines=tuple(dict.fromkeys(body.baselines)))

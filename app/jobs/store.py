@@ -96,6 +96,7 @@ class NewJob:
     generation: dict
     idempotency_key: str | None = None
     baselines: tuple[str, ...] = ()
+    fingerprint: str | None = None  # the checkpoint's content digest (`bart_opt.fingerprint`)
 
 
 class DuplicateId(ValueError):
@@ -231,11 +232,12 @@ class JobStore(JobQueries):
         try:
             with self._write() as connection:
                 connection.execute(text(
-                    "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, dataset, columns,"
-                    " record_limit, generation, baselines, total, created_at, owner, lease_until)"
-                    " VALUES (:id, :key, :hash, 'loading', :model, :dataset, :columns, :limit, :generation,"
-                    " :baselines, 0, :now, :owner, :lease)"
+                    "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, fingerprint, dataset,"
+                    " columns, record_limit, generation, baselines, total, created_at, owner, lease_until)"
+                    " VALUES (:id, :key, :hash, 'loading', :model, :fingerprint, :dataset, :columns, :limit,"
+                    " :generation, :baselines, 0, :now, :owner, :lease)"
                 ), {"id": job.id, "key": job.idempotency_key, "hash": job.request_hash, "model": job.model,
+                    "fingerprint": job.fingerprint,
                     "dataset": _dumps(job.dataset), "columns": _dumps(job.columns), "limit": job.limit,
                     "generation": _dumps(job.generation), "baselines": _dumps(list(job.baselines)), "now": now,
                     "owner": owner, "lease": now + lease_s})
@@ -397,6 +399,15 @@ class JobStore(JobQueries):
             return connection.execute(text(
                 "UPDATE jobs SET status_detail = :detail WHERE id = :job AND owner = :owner AND status = 'running'"
             ), {"detail": detail, "job": job_id, "owner": owner}).rowcount == 1
+
+    def adopt_fingerprint(self, job_id: str, owner: str, fingerprint: str) -> bool:
+        """Record `fingerprint` for a running job of `owner` that has none and no stored row yet (a job
+        from before schema 6); False otherwise, when nothing is written."""
+        with self._write() as connection:
+            return connection.execute(text(
+                "UPDATE jobs SET fingerprint = :fingerprint WHERE id = :job AND owner = :owner AND status = 'running'"
+                " AND fingerprint IS NULL AND done = 0"
+            ), {"fingerprint": fingerprint, "job": job_id, "owner": owner}).rowcount == 1
 
     def release(self, job_id: str, owner: str) -> bool:
         """Hand a running job of `owner` back to the queue on a clean stop (no stall is counted)."""

@@ -162,13 +162,17 @@ class Sink(Protocol):
 
 class Executor(Protocol):
     """Turns a source into row batches. `model` describes the model for the metrics (see
-    `bart_opt.evaluate.metrics.ModelInfo`), `identity` is what a resumed run must match, and
-    `in_process` says whether the model calls run in this process."""
+    `bart_opt.evaluate.metrics.ModelInfo`), `identity` is what a resumed run must match,
+    `fingerprint` the content digest of the checkpoint the model calls run on (`bart_opt.fingerprint`;
+    a resumed run must match it too), and `in_process` says whether the model calls run in this process."""
 
     in_process: bool
 
     @property
     def model(self) -> Any: ...
+
+    @property
+    def fingerprint(self) -> str | None: ...
 
     def identity(self) -> dict[str, Any]: ...
 
@@ -266,6 +270,11 @@ class SummarizerExecutor:
     @property
     def model(self) -> Summarizer:
         return self.summarizer
+
+    @property
+    def fingerprint(self) -> str | None:
+        found = self.summarizer.fingerprint
+        return None if found is None else str(found)
 
     def identity(self) -> dict[str, Any]:
         return {"model": self.summarizer.name}

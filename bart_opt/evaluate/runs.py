@@ -7,13 +7,19 @@ folder as the sink (`RunFolder`) and the model's executor (a `Summarizer` runs i
 
 - ``predictions.jsonl``: one line per record (see `bart_opt.evaluate.rows`), appended and pushed
   to disk per batch; rerunning skips ids already there, and a torn last line is dropped;
-- ``run.json``: the model's identity, the generation settings and the dataset's fingerprint, all
-  checked on resume (`start_run`: the one place a run folder is matched to a model);
+- ``run.json``: the model's identity, its checkpoint's content fingerprint (`bart_opt.fingerprint`),
+  the generation settings and the dataset's fingerprint, all checked on resume (`start_run`: the
+  one place a run folder is matched to a model): a folder refilled with another checkpoint under
+  the same name is refused, never mixed;
 - ``metrics.json``: at the end (`bart_opt.evaluate.metrics`), with the baselines asked for.
 
 A record that fails even alone (out of memory, or the model failing on it) gets a row with an
 ``error`` and an empty prediction; it is not retried on resume and is left out of ROUGE.
 `run_baseline_evaluation` writes the same folder for a baseline (``--model lead-3``).
+
+A run holds the folder's `bart_opt.runlock.RunLock` from start to end: a second run on the
+same folder fails at once naming the first one's pid. Predictions with no run.json beside them
+(written by something else) are refused rather than resumed.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ from bart_opt.evaluate.core import Executor, ListSource, SummarizerExecutor, eva
 from bart_opt.evaluate.metrics import RowTotals, baseline_rows, compute_metrics, score_baselines
 from bart_opt.evaluate.rows import RowBatch
 from bart_opt.rouge import RougeScorer
+from bart_opt.runlock import RunLock
+from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
 
 PREDICTIONS_FILE = "predictions.jsonl"
@@ -157,16 +165,26 @@ def run_evaluation(
     ``metrics["baselines"][name]``. Raises `InvalidRequest` for bad generation options and
     `UnknownBaselineError` for an unknown baseline (both before anything is written),
     `bart_opt.evaluate.core.FailureStreak` when the model fails on record after record, and
-    ValueError when `out_dir` holds a run made with another model, other generation settings or
-    another dataset (ids, texts and references are fingerprinted).
+    ValueError when `out_dir` holds a run made with another model, another checkpoint (by content),
+    other generation settings or another dataset (ids, texts and references are fingerprinted), or
+    predictions without a run.json; `bart_opt.runlock.RunFolderBusy` (a ValueError) when another run
+    holds the folder.
     """
-    from tqdm.auto import tqdm
-
     baselines = check_baselines(baselines)
     executor = SummarizerExecutor(model) if isinstance(model, Summarizer) else model
     spec = executor.generation_spec(generation_kwargs)
     out = Path(out_dir)
-    start_run(out, {**executor.identity(), "generation": spec.to_dict()}, records, source, overwrite=overwrite)
+    with RunLock(out):
+        run = {**executor.identity(), "fingerprint": executor.fingerprint, "generation": spec.to_dict()}
+        start_run(out, run, records, source, overwrite=overwrite)
+        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines)
+
+
+def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spec: GenerationSpec, progress: bool,
+                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str]) -> dict:
+    """`run_evaluation`'s work once the folder is locked and matched to the run."""
+    from tqdm.auto import tqdm
+
     start = time.perf_counter()
     with tqdm(total=len(records), unit="doc", desc="evaluate", disable=not progress) as bar:
         def written(rows: list[dict]) -> None:
@@ -203,26 +221,33 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
     (name,) = check_baselines([name])
     scorer = scorer or RougeScorer()
     out = Path(out_dir)
-    start_run(out, {"model": name, "generation": None, "baseline": True}, records, source, overwrite=overwrite)
-    start = time.perf_counter()
-    rows = list(baseline_rows(name, records, scorer))
-    (out / PREDICTIONS_FILE).write_text("".join(_line(row) for row in rows), encoding="utf-8")
-    metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
-    metrics["wall_s_last_run"] = time.perf_counter() - start
-    metrics["resumed_from"] = 0
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
-    return metrics
+    with RunLock(out):
+        start_run(out, {"model": name, "generation": None, "baseline": True}, records, source, overwrite=overwrite)
+        start = time.perf_counter()
+        rows = list(baseline_rows(name, records, scorer))
+        (out / PREDICTIONS_FILE).write_text("".join(_line(row) for row in rows), encoding="utf-8")
+        metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
+        metrics["wall_s_last_run"] = time.perf_counter() - start
+        metrics["resumed_from"] = 0
+        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        return metrics
 
 
 def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> None:
     """Make `out` ready for `run` (its ``model`` and ``generation``) on `records`, before anything is written.
 
     `overwrite` first deletes an earlier run's files there; otherwise an earlier run must match
-    (see `_check_run_file`). Records the run, with its dataset's fingerprint, in run.json.
+    (see `_check_run_file`), and predictions without a run.json are refused. Records the run, with
+    its dataset's fingerprint, in run.json. The caller holds the folder's `RunLock`.
     """
     if overwrite:
         for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
             (out / name).unlink(missing_ok=True)
+    predictions = out / PREDICTIONS_FILE
+    if not (out / RUN_FILE).exists() and predictions.exists() and predictions.stat().st_size > 0:
+        raise ValueError(f"{out} holds {PREDICTIONS_FILE} but no {RUN_FILE}, so nothing says which model, checkpoint "
+                         "or dataset made those predictions and they are not resumed; use another output directory, "
+                         "or --overwrite to start over")
     _check_run_file(out / RUN_FILE, run, records, source)
 
 
@@ -246,6 +271,7 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
                 f"{where} holds a run with other settings ({json.dumps(earlier_settings)}), not "
                 f"{json.dumps(settings)}; use another output directory, or --overwrite to start over"
             )
+        _check_checkpoint(where, earlier, current)
         if before is None:
             raise ValueError(f"{where} holds a run that does not record its dataset, so resuming it could mix two "
                              "datasets; use another output directory, or --overwrite to start over")
@@ -258,6 +284,19 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
             )
     where.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_checkpoint(where: Path, earlier: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuse to resume a model's run on a checkpoint with other contents than the one it was made with."""
+    if "fingerprint" not in current or earlier.get("fingerprint") == current["fingerprint"]:
+        return
+    if earlier.get("fingerprint") is None:
+        raise ValueError(f"{where} holds a run that does not record its checkpoint's fingerprint, so resuming it "
+                         f"with checkpoint {current['fingerprint']} could mix two checkpoints; use another output "
+                         "directory, or --overwrite to start over")
+    raise ValueError(f"{where} holds a run made with checkpoint {earlier['fingerprint']}, but the checkpoint loaded "
+                     f"now is {current['fingerprint']} (same name, other contents); resuming would mix two "
+                     "checkpoints: use another output directory, or --overwrite to start over")
 
 
 def _describe(dataset: Mapping[str, Any]) -> str:

@@ -120,16 +120,18 @@ class Container:
         self.started = started
 
     @classmethod
-    def run(cls, image: str, name: str, env: dict[str, str], mounts: list[str]) -> Container:
-        """Start `image` as `name` with `env` and ``-v`` `mounts`. The model is the folder mounted at
-        ``/model``, nothing comes from the hub, and the server listens on a free loopback port."""
+    def run(cls, image: str, name: str, env: dict[str, str], mounts: list[str],
+            argv: tuple[str, ...] = ()) -> Container:
+        """Start `image` as `name` with `env` and ``-v`` `mounts` (running `argv` instead of the image's
+        command, if given). The model is the folder mounted at ``/model``, nothing comes from the hub, and the server
+        listens on a free loopback port."""
         port = free_port()
         env = {"BART_OPT_MODEL": "/model", "HF_HUB_OFFLINE": "1", **env,
                "BART_OPT_HOST": "127.0.0.1", "BART_OPT_PORT": str(port)}  # fmt: skip
         started = time.monotonic()
         podman("run", "-d", "--name", name, "--network", "host", "--label", f"{LABEL}={OWNER}", *ulimit_flags(),
                *(arg for key, value in env.items() for arg in ("-e", f"{key}={value}")),
-               *(arg for mount in mounts for arg in ("-v", mount)), image)  # fmt: skip
+               *(arg for mount in mounts for arg in ("-v", mount)), image, *argv)  # fmt: skip
         return cls(name, port, started)
 
     def state(self) -> tuple[str, int]:

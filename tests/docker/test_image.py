@@ -2,7 +2,7 @@
 /ready, writes real summaries, runs an evaluation job as its non-root user with the jobs database on the
 volume, passes its HEALTHCHECK, drains the request in flight on SIGTERM and exits 0, and a new container
 on the same volume still lists the finished job. A container that cannot become ready fails the wait at
-once, with the reason and its log.
+once, with the reason and its log; one that never answers fails it at its deadline.
 """
 
 from __future__ import annotations
@@ -166,3 +166,12 @@ def test_a_container_that_exits_fails_the_wait_with_its_log(image):
     finally:
         container.remove()
     assert "max_texts" in str(failure.value)
+
+
+def test_a_container_that_never_answers_fails_the_wait_at_its_deadline(image):
+    container = Container.run(image.id, container_name(), {}, [], argv=("sleep", "600"))
+    try:
+        with pytest.raises(ContainerError, match=r"not ready within 10 s \(last: /health: ConnectError\)"):
+            container.wait_ready(timeout=10)
+    finally:
+        container.remove()

@@ -20,6 +20,9 @@ from tests.docker.podman import Container, ContainerError, container_name, free_
 
 JOB_TIMEOUT_S = 300
 HTTP_TIMEOUT_S = 120
+# The first test's setup bootstraps the base and builds the image (pyproject's 600 s is too short for that on
+# a busy machine); every step below has its own, shorter deadline.
+pytestmark = pytest.mark.timeout(3600)
 
 
 def sample_records(demo) -> list[dict]:

@@ -48,9 +48,11 @@ RUN if python3 -c "import torch" 2>/dev/null; then \
     fi
 
 WORKDIR /opt/bart-opt
-# The dependencies first, from pyproject.toml alone, so a change to the code does not reinstall them.
+# The dependencies first, from pyproject.toml alone, so a change to the code does not reinstall them; with
+# the postgres extra's, for BART_OPT_DB=postgresql://... (issue 28; none yet on a branch without it).
 COPY pyproject.toml ./
-RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+RUN python -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
+      print("\n".join(project["dependencies"] + project.get("optional-dependencies", {}).get("postgres", [])))' \
       > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt

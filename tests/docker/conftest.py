@@ -21,7 +21,7 @@ import pytest
 from bart_opt.demo import write_demo_model
 from tests.docker.base import base_image, find_links, unavailable
 from tests.docker.podman import (LABEL, OWNER, Container, build_image, container_name, image_config, image_id,
-                                 podman, reap_leftovers)
+                                 podman, reap_leftovers, timed_lines)
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 1800
@@ -31,6 +31,7 @@ SERVICE_ENV = {"BART_OPT_SHUTDOWN_TIMEOUT": "120"}
 STOP_GRACE_S = 150
 FIGURES: list[tuple[str, float, str]] = []
 SPENT_S = [0.0]  # setup, call and teardown of every test here: what tests/docker adds to the run
+SKIPPED: list[str] = []  # why the smoke test did not run, if it did not
 
 
 def pytest_runtest_logreport(report) -> None:
@@ -39,7 +40,10 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Print the smoke test's step times and figures, when it ran."""
+    """Print the smoke test's step times and figures, when it ran, or why it did not (pytest -q shows skips
+    as a count only)."""
+    if SKIPPED:
+        terminalreporter.write_sep("-", f"image smoke test (tests/docker) skipped: {SKIPPED[0]}")
     if FIGURES:
         terminalreporter.write_sep("-", "image smoke test (tests/docker): steps")
         for name, amount, unit in [*FIGURES, ("all of tests/docker (fixtures, tests, clean-up)", SPENT_S[0], "s")]:
@@ -61,6 +65,21 @@ class Steps:
     def add(self, name: str, amount: float, unit: str = "s") -> None:
         """Record figure `name`: `amount` in `unit`."""
         FIGURES.append((name, amount, unit))
+
+    def add_build_steps(self, log: Path) -> None:
+        """Record the time of each RUN step of the build in `log` and of its final commit; the other steps
+        (ARG, ENV, COPY, ...: a second or less each) as one figure."""
+        if not log.exists():
+            return
+        other = 0.0
+        for text, seconds in timed_lines(log, ("STEP ", "COMMIT ")):
+            if text.startswith("COMMIT "):
+                self.add("  the image's commit", seconds)
+            elif (instruction := text.partition(": ")[2]).startswith("RUN "):
+                self.add(f"  {text.partition(':')[0].lower()}: {' '.join(instruction.split())[:46]}", seconds)
+            else:
+                other += seconds
+        self.add("  the other steps (ARG, ENV, COPY, USER, ...)", other)
 
 
 @pytest.fixture(scope="session")
@@ -88,14 +107,18 @@ def image(steps, tmp_path_factory) -> Image:
     """
     reason = unavailable()
     if reason is not None:
+        SKIPPED.append(reason)
         pytest.skip(reason)
     reap_leftovers()
     with steps.timed("base image (mmdebstrap + import, or the cached one)"):
         base = base_image(log=lambda line: None)
     previous = image_id(IMAGE_TAG)
     log = tmp_path_factory.mktemp("build") / "build.log"
-    with steps.timed("image build (buildah bud --layers, CPU torch)"):
-        built = build_image(ROOT, base, IMAGE_TAG, find_links(), log, timeout=BUILD_TIMEOUT_S)
+    try:
+        with steps.timed("image build (buildah bud --layers, CPU torch), of which:"):
+            built = build_image(ROOT, base, IMAGE_TAG, find_links(), log, timeout=BUILD_TIMEOUT_S)
+    finally:
+        steps.add_build_steps(log)
     if previous not in (None, built):
         podman("rmi", previous, check=False)  # in use by a concurrent session: it removes it later
     image = Image(built, image_config(built))

@@ -18,6 +18,7 @@ import resource
 import shlex
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -37,21 +38,53 @@ class ContainerError(AssertionError):
 
 def command(*argv: str, timeout: float, check: bool = True, log: Path | None = None) -> subprocess.CompletedProcess:
     """Run `argv` within `timeout` seconds; raise `ContainerError` with its output's tail if it fails (unless
-    not `check`) or runs out of time. With `log`, the output goes to that file instead of memory."""
+    not `check`) or runs out of time. With `log`, the output goes to that file instead of memory, each line
+    after the seconds since the start (`timed_lines` reads them back)."""
     shown = shlex.join(argv)[:300]
-    sink = log.open("w") if log else subprocess.PIPE
-    try:
-        done = subprocess.run(argv, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ContainerError(f"{shown} did not finish within {timeout:.0f} s") from None
-    finally:
-        if log:
-            sink.close()
-    output = log.read_text() if log else done.stdout
+    if log is None:
+        try:
+            done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise ContainerError(f"{shown} did not finish within {timeout:.0f} s") from None
+    else:
+        done = _run_logged(argv, shown, timeout, log)
     if check and done.returncode != 0:
-        raise ContainerError(f"{shown} failed (exit {done.returncode}):\n{output[-4000:]}")
-    done.stdout = output
+        raise ContainerError(f"{shown} failed (exit {done.returncode}):\n{done.stdout[-4000:]}")
     return done
+
+
+def _run_logged(argv: tuple[str, ...], shown: str, timeout: float, log: Path) -> subprocess.CompletedProcess:
+    """`command` with its output written to `log` as it comes, each line after ``SECONDS|``."""
+    start = time.monotonic()
+    with log.open("w") as sink, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                                 text=True) as process:  # fmt: skip
+
+        def copy() -> None:
+            for line in process.stdout:
+                sink.write(f"{time.monotonic() - start:.1f}|{line}")
+                sink.flush()
+
+        reader = threading.Thread(target=copy, daemon=True)
+        reader.start()
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise ContainerError(f"{shown} did not finish within {timeout:.0f} s; its log: {log}") from None
+        finally:
+            reader.join(30)
+        sink.write(f"{time.monotonic() - start:.1f}|(exit {process.returncode})\n")  # the end, for `timed_lines`
+    output = "".join(line.partition("|")[2] for line in log.read_text().splitlines(keepends=True)[:-1])
+    return subprocess.CompletedProcess(argv, process.returncode, output)
+
+
+def timed_lines(log: Path, prefixes: tuple[str, ...]) -> list[tuple[str, float]]:
+    """(line, seconds until the next of them or the end) for the lines of a `command` log that start with one
+    of `prefixes`: the time of each step of a build (``STEP 5/19: RUN ...``, ``COMMIT ...``)."""
+    stamped = [line.partition("|") for line in log.read_text().splitlines()]
+    marks = [(float(at), text) for at, _, text in stamped if text.startswith(prefixes)]
+    end = float(stamped[-1][0])
+    return [(text, (marks[i + 1][0] if i + 1 < len(marks) else end) - at) for i, (at, text) in enumerate(marks)]
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -121,17 +154,17 @@ class Container:
 
     @classmethod
     def run(cls, image: str, name: str, env: dict[str, str], mounts: list[str],
-            argv: tuple[str, ...] = ()) -> Container:
-        """Start `image` as `name` with `env` and ``-v`` `mounts` (running `argv` instead of the image's
-        command, if given). The model is the folder mounted at ``/model``, nothing comes from the hub, and the server
-        listens on a free loopback port."""
+            argv: tuple[str, ...] = (), flags: tuple[str, ...] = ()) -> Container:
+        """Start `image` as `name` with `env`, ``-v`` `mounts` and other ``podman run`` `flags` (running `argv`
+        instead of the image's command, if given). The model is the folder mounted at ``/model``, nothing
+        comes from the hub, and the server listens on a free loopback port."""
         port = free_port()
         env = {"BART_OPT_MODEL": "/model", "HF_HUB_OFFLINE": "1", **env,
                "BART_OPT_HOST": "127.0.0.1", "BART_OPT_PORT": str(port)}  # fmt: skip
         started = time.monotonic()
         podman("run", "-d", "--name", name, "--network", "host", "--label", f"{LABEL}={OWNER}", *ulimit_flags(),
                *(arg for key, value in env.items() for arg in ("-e", f"{key}={value}")),
-               *(arg for mount in mounts for arg in ("-v", mount)), image, *argv)  # fmt: skip
+               *(arg for mount in mounts for arg in ("-v", mount)), *flags, image, *argv)  # fmt: skip
         return cls(name, port, started)
 
     def state(self) -> tuple[str, int]:

@@ -20,6 +20,7 @@ from tests.docker.podman import Container, ContainerError, container_name, free_
 
 JOB_TIMEOUT_S = 300
 HTTP_TIMEOUT_S = 120
+IDLE_STOP_GRACE_S = 10  # "a few seconds": an idle server has nothing to drain
 # The first test's setup bootstraps the base and builds the image (pyproject's 600 s is too short for that on
 # a busy machine); every step below has its own, shorter deadline.
 pytestmark = pytest.mark.timeout(3600)
@@ -53,7 +54,10 @@ def finished_job(service, steps) -> dict:
 
 
 def test_health_and_ready_answer_on_the_cpu(service):
-    assert httpx.get(f"{service.current.url}/health", timeout=10).json() == {"status": "ok"}
+    health = httpx.get(f"{service.current.url}/health", timeout=10).json()
+    assert health["status"] == "ok", health
+    # The container's own open-file limit (the host's, given by ulimit_flags), and the server's use of it.
+    assert 0 < health["descriptors"]["open"] < health["descriptors"]["limit"], health
     ready = httpx.get(f"{service.current.url}/ready", timeout=10).json()
     assert (ready["status"], ready["device"]) == ("ready", "cpu")
 
@@ -143,6 +147,53 @@ def test_sigterm_drains_the_request_in_flight_exits_0_and_a_restart_keeps_the_jo
     assert [(job["id"], job["status"]) for job in listed] == [(finished_job["id"], "succeeded")], listed
     again = httpx.get(f"{service.current.url}/evaluate/{finished_job['id']}", timeout=10).json()
     assert again["rouge"] == finished_job["rouge"]
+
+
+def test_a_read_only_root_filesystem_serves_and_sigterm_stops_the_idle_server_at_once(image, demo, steps):
+    model, _ = demo
+    # --tmpfs /tmp as docker needs it (podman --read-only adds one itself); the image's volumes stay writable.
+    container = Container.run(image.id, container_name(), {}, [f"{model}:/model:ro"],
+                              flags=("--read-only", "--tmpfs", "/tmp"))  # fmt: skip
+    try:
+        container.wait_ready()
+        written = container.exec("sh", "-c", "touch /opt/venv/probe")
+        assert written.returncode != 0 and "Read-only file system" in written.stdout, written.stdout
+        record = sample_records(demo)[0]
+        answer = httpx.post(f"{container.url}/summarize", json={"texts": [record["article"]]}, timeout=HTTP_TIMEOUT_S)
+        assert answer.status_code == 200 and answer.json()["summaries"][0].strip(), answer.text
+        inline = {"dataset": {"records": [{"text": record["article"], "reference": record["highlights"]}]}}
+        job = httpx.post(f"{container.url}/evaluate", json=inline, timeout=HTTP_TIMEOUT_S)
+        assert job.status_code == 202, job.text  # the jobs database, on the (anonymous) volume, takes it
+        assert wait_for_job(container.url, job.json()["id"], JOB_TIMEOUT_S)["status"] == "succeeded"
+        # Exit 0 within the grace period: the server ended on SIGTERM (podman's SIGKILL after it gives 137).
+        with steps.timed(f"podman stop of the idle server (SIGTERM, grace {IDLE_STOP_GRACE_S} s)"):
+            code = container.stop(IDLE_STOP_GRACE_S)
+        assert code == 0, container.logs()
+    finally:
+        container.remove()
+
+
+def test_the_jobs_database_on_a_postgresql_server(image, demo, postgres_cluster, steps):
+    import psycopg
+
+    model, data = demo
+    url = postgres_cluster.create_database()  # on 127.0.0.1: the container shares the host's network
+    container = Container.run(image.id, container_name(), {"BART_OPT_DB": url},
+                              [f"{model}:/model:ro", f"{data}:/data:ro"])  # fmt: skip
+    try:
+        container.wait_ready()
+        with steps.timed("POST /evaluate (2 records) on PostgreSQL to succeeded"):
+            answer = httpx.post(f"{container.url}/evaluate", json={"dataset": {"file": "sample.jsonl"}, "limit": 2},
+                                timeout=HTTP_TIMEOUT_S)  # fmt: skip
+            assert answer.status_code == 202, answer.text
+            view = wait_for_job(container.url, answer.json()["id"], JOB_TIMEOUT_S)
+        assert view["status"] == "succeeded" and view["progress"]["done"] == 2, view
+        code = container.stop(IDLE_STOP_GRACE_S)
+        assert code == 0, container.logs()
+    finally:
+        container.remove()
+    with psycopg.connect(url) as connection:  # the job lives in the server's database, not in the container
+        assert connection.execute("SELECT id, status FROM jobs").fetchall() == [(view["id"], "succeeded")]
 
 
 def test_a_mounted_folder_that_is_not_a_checkpoint_fails_the_wait_at_once(image, tmp_path):

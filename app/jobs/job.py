@@ -1,7 +1,7 @@
 """`Job`: one evaluation job as the store holds it, a frozen value passed between the layers.
 
 The store builds it (`JobStore` reads a row and calls `Job.from_row`); the runner, the API
-view (`app.jobs.schemas.JobView.of`) and compare read its attributes. Field names are the
+view (`app.jobs.bodies.JobView.of`) and compare read its attributes. Field names are the
 ``jobs`` table's column names; JSON columns arrive decoded.
 """
 

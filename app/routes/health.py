@@ -71,7 +71,7 @@ async def ready(request: Request) -> dict:
     service = request.app.state.service
     service.check_ready()
     request.app.state.jobs.check_damaged()
-    fingerprint = service.summarizer.fingerprint
-    return {"status": "ready", "model": service.model_name, "device": str(service.summarizer.device),
+    fingerprint = service.fingerprint
+    return {"status": "ready", "model": service.model_name, "device": service.device,
             "fingerprint": None if fingerprint is None else str(fingerprint),
             "warnings": startup.warnings(request.app.state.settings)}

@@ -6,7 +6,7 @@ import functools
 import time
 
 from app.jobs.store import JobStore, NewJob
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from bart_opt.data import Record, load_records
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import Stepper, cnn_rows, evaluate_directly, prediction_rows, wait_for_job

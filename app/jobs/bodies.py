@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.jobs.job import Job
 from app.schemas import GenerationOptions, RougeAggregate
-from app.service import shown_model
+from app.engine import shown_model
 from bart_opt.baselines import BASELINES
 
 BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines

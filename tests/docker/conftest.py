@@ -74,7 +74,7 @@ class Steps:
         other = 0.0
         for text, seconds in timed_lines(log, ("STEP ", "COMMIT ")):
             if text.startswith("COMMIT "):
-                self.add("  the image's commit", seconds)
+                self.add("  from COMMIT to buildah's exit", seconds)
             elif (instruction := text.partition(": ")[2]).startswith("RUN "):
                 self.add(f"  {text.partition(':')[0].lower()}: {' '.join(instruction.split())[:46]}", seconds)
             else:

@@ -50,6 +50,7 @@ from bart_opt.cross_attention import (
     ExactCrossAttention,
     SharedCrossAttention,
 )
+from bart_opt.el_attention import BatchedELCrossAttention, SharedELCrossAttention, excludes_exact
 from bart_opt.generation import Cancelled, generate
 from bart_opt.inputs import check_inputs, shift_right
 from bart_opt.kernels import Linear, linear, uses_onednn
@@ -219,8 +220,9 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
         """(N, D) packed rows of the batch described by `packing` -> (N, D)."""
-        h = self.self_attn.packed(x, packing)
-        x = self.self_attn_layer_norm(h.add_(x))
+        # The attention output is freed once normed, not held through the feed-forward block (the
+        # encoder's peak: 160 -> 142 MiB at bart-large shape, 6 x 1,024 tokens, float32).
+        x = self.self_attn_layer_norm(self.self_attn.packed(x, packing).add_(x))
         h = feed_forward(x, self.fc1, self.fc2, self.act, chunked=not self.exact)
         return _clamp_fp16(self.final_layer_norm(h.add_(x)))
 
@@ -293,10 +295,12 @@ class Decoder(nn.Module):
 class Bart(LoggingMixin, nn.Module):
     """BART for conditional generation: `forward` gives logits, `generate` gives token ids.
 
-    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=...)`.
+    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=..., el_attention=...)`.
     `exact` (settable between calls) shapes the arithmetic as transformers shapes it; `fast` (settable
     too) takes the kernels that are faster in half precision at the price of other ids; at most one
-    of the two is on. See `from_pretrained` and `bart_opt.cross_attention`.
+    of the two is on. `el_attention` (settable, not with `exact`) keeps generate's cross-attention state
+    as one copy of the encoder output. See `from_pretrained`, `bart_opt.cross_attention` and
+    `bart_opt.el_attention`.
     """
 
     def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False,
@@ -345,6 +349,19 @@ class Bart(LoggingMixin, nn.Module):
     def fast(self, value: bool) -> None:
         self._set_mode("fast", bool(value))
 
+    _el_attention = False
+
+    @property
+    def el_attention(self) -> bool:
+        """Whether `generate` runs cross-attention as EL-attention (`bart_opt.el_attention`); not with `exact`."""
+        return self._el_attention
+
+    @el_attention.setter
+    def el_attention(self, value: bool) -> None:
+        if value and self._exact:
+            raise excludes_exact()
+        self._el_attention = bool(value)
+
     @property
     def mode(self) -> str:
         """"default", "exact" or "fast"; setting it turns the other modes off first."""
@@ -362,6 +379,8 @@ class Bart(LoggingMixin, nn.Module):
     def _set_mode(self, name: str, value: bool) -> None:
         """Set `exact` or `fast` here and on every module that follows it; the two exclude each other."""
         other = "fast" if name == "exact" else "exact"
+        if value and name == "exact" and self._el_attention:
+            raise excludes_exact()
         if value and getattr(self, other):
             raise ValueError(f"{name} and {other} exclude each other: {other} is on")
         setattr(self, f"_{name}", value)
@@ -379,6 +398,7 @@ class Bart(LoggingMixin, nn.Module):
         dtype: torch.dtype | str | None = torch.float32,
         exact: bool = False,
         fast: bool = False,
+        el_attention: bool = False,
     ) -> Bart:
         """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache).
 
@@ -395,9 +415,15 @@ class Bart(LoggingMixin, nn.Module):
         of attention, and in bfloat16 decoding attention through bart_opt's own kernel, built
         here on first use (`bart_opt.native`). Faster, with other ids than transformers' in half
         precision: near-ties as the default's are, but more of them (`python -m bart_opt.bench.fidelity`).
+
+        `el_attention=True` (with the default or the fast mode, not with `exact`): `generate` keeps one copy
+        of the encoder output per input as the whole cross-attention state, for every layer and beam
+        (`bart_opt.el_attention`). Less memory; on a CPU slower; other ids in the last bits, as the
+        default's are (`python -m bart_opt.bench.fidelity --modes default,el`).
         """
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
         model.exact, model.fast = exact, fast
+        model.el_attention = el_attention
         return model
 
     @property
@@ -458,10 +484,15 @@ class Bart(LoggingMixin, nn.Module):
 
         Every layer's keys/values are computed now, once per input; `lazy` computes each when
         its layer runs instead (a single teacher-forced pass needs only one layer's at a time).
+        With `el_attention` (not `lazy`: a teacher-forced pass keeps the layers' own keys/values) the
+        state is the encoder output itself (`bart_opt.el_attention`).
         """
         attns = [layer.encoder_attn for layer in self.decoder.layers]
         if self.exact:
             build = ExactCrossAttention.build
+        elif self.el_attention and not lazy:
+            build = (functools.partial(SharedELCrossAttention.build, fast=self.fast)
+                     if attends_per_input(memory.device) else BatchedELCrossAttention.build)
         elif not attends_per_input(memory.device):
             build = BatchedCrossAttention.build
         else:

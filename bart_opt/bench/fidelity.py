@@ -4,7 +4,8 @@ For one random checkpoint shape and each dtype, on CPU or CUDA, every input is g
 
 - transformers' `generate` in padded batches of `--batch-size` (the reference),
 - transformers' `generate` alone (batch of 1): transformers' own self-consistency,
-- bart_opt's default, exact and fast modes, in the same batches as the reference,
+- bart_opt's default, exact and fast modes and EL-attention (`el`: the default mode with
+  `el_attention=True`), in the same batches as the reference (`--modes` picks some),
 
 greedy and with beam search. For each output that differs from the reference, the tie
 analysis scores both hypotheses with transformers' model (teacher-forced, alone, the run's
@@ -15,6 +16,7 @@ a tie decided by rounding from an error.
 
     python -m bart_opt.bench.fidelity --shape d256 --dtypes float32,float16,bfloat16
     python -m bart_opt.bench.fidelity --shape base --dtypes float32,bfloat16 --json fidelity-base.json
+    python -m bart_opt.bench.fidelity --shape d256 --modes default,el --no-self-consistency
 """
 
 from __future__ import annotations
@@ -43,7 +45,14 @@ SHAPES = {
               "decoder_attention_heads": 8, "ffn_dim": 512, "vocab_size": 2000, "max_position_embeddings": 256},
 }
 DTYPES = ("float32", "float16", "bfloat16")
-MODES = ("default", "exact", "fast")
+MODES = ("default", "exact", "fast", "el")
+
+
+def set_mode(model, mode: str) -> None:
+    """Put bart_opt `model` in one of `MODES`; "el" is the default mode with EL-attention."""
+    model.el_attention = False
+    model.mode = "default" if mode == "el" else mode
+    model.el_attention = mode == "el"
 
 
 @dataclass(frozen=True)
@@ -184,7 +193,7 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
             label = f"transformers_b{batch}" if engine == "transformers" else mode
             model = hf if engine == "transformers" else ours
             if engine == "bart_opt":
-                ours.mode = mode
+                set_mode(ours, mode)
             tick = time.perf_counter()
             runs[label] = generate_all(model, inputs, batch, kwargs, device, pad)
             report["seconds"][f"{name}/{label}"] = time.perf_counter() - tick
@@ -226,6 +235,14 @@ def _vs_float32(block: dict) -> str:
     return " / ".join(f"{c['identical']}/{c['total']} ({_gap_summary(c['score_gaps'])})" for c in vs.values())
 
 
+def _vs_float32_labels(results: dict) -> list[str]:
+    """The engines of the vs-float32 column, in its order (those of the first half-precision dtype run)."""
+    for r in results.values():
+        if r["beam"].get("vs_float32"):
+            return list(r["beam"]["vs_float32"])
+    return ["transformers", *MODES]
+
+
 def format_table(title: str, results: dict, work: Workload) -> str:
     """Markdown: one row per dtype; identical counts and the score gaps of the differences."""
     lines = [f"### {title}", "",
@@ -233,10 +250,10 @@ def format_table(title: str, results: dict, work: Workload) -> str:
              "differing outputs of |transformers' sequence score of its output - of the other|, and how many of "
              "them transformers scores higher than its own output", "",
              "| dtype | greedy default | greedy exact | beam exact | beam default | default's score gaps "
-             "| greedy fast | beam fast | fast's score gaps "
+             "| greedy fast | beam fast | fast's score gaps | greedy el | beam el | el's score gaps "
              "| transformers alone vs in batch | its score gaps | output tokens (min/mean/max), distinct "
-             "| beam, same as transformers fp32: transformers / default / exact / fast |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| beam, same as transformers fp32: {' / '.join(_vs_float32_labels(results))} |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for dtype, r in results.items():
         beam, greedy = r["beam"], r.get("greedy", {})
         tokens = beam["output_tokens"]
@@ -245,6 +262,7 @@ def format_table(title: str, results: dict, work: Workload) -> str:
             f"| {_cell(beam, 'default')} | {_gap_summary(beam.get('default', {}).get('score_gaps', []))} "
             f"| {_cell(greedy, 'fast')} | {_cell(beam, 'fast')} "
             f"| {_gap_summary(beam.get('fast', {}).get('score_gaps', []))} "
+            f"| {_cell(greedy, 'el')} | {_cell(beam, 'el')} | {_gap_summary(beam.get('el', {}).get('score_gaps', []))} "
             f"| {_cell(beam, 'transformers_b1')} "
             f"| {_gap_summary(beam.get('transformers_b1', {}).get('score_gaps', []))} "
             f"| {tokens['min']}/{tokens['mean']:.1f}/{tokens['max']}, {beam['distinct_outputs']} "
@@ -268,6 +286,7 @@ def parse_args(argv):
                    help="std of the random weights (default 0.2, as the tests' checkpoints: peaked, input-dependent "
                         "outputs; transformers' own 0.02 gives near-uniform logits)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--no-self-consistency", action="store_true", help="skip transformers in batches of 1")
     p.add_argument("--threads", type=int)
     p.add_argument("--json", dest="json_path")
@@ -276,6 +295,10 @@ def parse_args(argv):
     bad = sorted(set(args.dtypes) - set(DTYPES))
     if bad:
         p.error(f"unknown dtype(s) {bad}; choose from {list(DTYPES)}")
+    args.modes = [m for m in args.modes.split(",") if m]
+    bad = sorted(set(args.modes) - set(MODES))
+    if bad or not args.modes:
+        p.error(f"unknown or no mode(s) {bad}; choose from {list(MODES)}")
     return args
 
 
@@ -296,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = build_checkpoint(tmp, args.shape, args.seed, args.eos_bias, args.init_std)
         for name in args.dtypes:
             print(f"{args.shape} {name} ...", file=sys.stderr, flush=True)
-            results[name] = measure_dtype(folder, getattr(torch, name), device, work,
+            results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=args.modes,
                                           self_consistency=not args.no_self_consistency)
     title = (f"fidelity: random {args.shape} (init_std {args.init_std}, eos_bias {args.eos_bias}) on {device}, "
              f"{work.n} inputs of {work.min_len}-{work.max_len} tokens, {work.num_beams} beams, "

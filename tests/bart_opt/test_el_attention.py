@@ -12,7 +12,7 @@ from transformers import AutoTokenizer, BartForConditionalGeneration
 
 import bart_opt.model as model_module
 from bart_opt import Bart, InvalidRequest
-from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded, sequence_score, strip
+from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded, parse_args, sequence_score, strip
 from bart_opt.demo import random_article
 from bart_opt.el_attention import BatchedELCrossAttention, SharedELCrossAttention
 from bart_opt.summarizer import Summarizer
@@ -304,6 +304,13 @@ def test_micro_batches_and_oom_splits_give_the_summaries_of_one_batch(demo_check
                        before_model_call=inject).summarize(texts, **gen)
     assert split.oom_splits >= 2 and split.errors == [None] * len(texts)
     assert split.summaries == whole.summaries
+
+
+def test_the_fidelity_bench_takes_el_as_a_mode():
+    assert parse_args(["--modes", "default,el"]).modes == ["default", "el"]
+    assert "el" in parse_args([]).modes
+    with pytest.raises(SystemExit):
+        parse_args(["--modes", "el,quantum"])
 
 
 # ---------------------------------------------------------------- published agreement at d_model 256

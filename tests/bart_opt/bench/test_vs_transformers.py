@@ -87,7 +87,8 @@ def test_el_attention_adds_its_rows_and_ratios(tmp_path):
     payload = json.loads(out_json.read_text())
     assert payload["config"]["el_attention"] is True
     rows = {(r["engine"], r["task"]): r for r in payload["results"]}
-    assert set(rows) == {(e, t) for e in ("transformers", "bart_opt", bench.EL_ENGINE) for t in ("forward", "generate_9")}
+    engines = ("transformers", "bart_opt", bench.EL_ENGINE)
+    assert set(rows) == {(e, t) for e in engines for t in ("forward", "generate_9")}
     el, default = rows[bench.EL_ENGINE, "generate_9"], rows["bart_opt", "generate_9"]
     assert el["equal_to_transformers"] is True and el["generated_tokens"] == default["generated_tokens"]
     ratios = payload["ratios"]

@@ -17,6 +17,16 @@ a tie decided by rounding from an error.
     python -m bart_opt.bench.fidelity --shape d256 --dtypes float32,float16,bfloat16
     python -m bart_opt.bench.fidelity --shape base --dtypes float32,bfloat16 --json fidelity-base.json
     python -m bart_opt.bench.fidelity --shape d256 --modes default,el --no-self-consistency
+
+With ``--static`` it measures the static search (`Bart.static`) instead, against the default in
+both of its layouts (the CPU's, and the one it takes off the CPU, forced) and transformers:
+
+    python -m bart_opt.bench.fidelity --static --shape d256 --threads 1
+
+With ``--static --el-attention`` the static search with EL-attention is the one measured, against the
+static search without it as well:
+
+    python -m bart_opt.bench.fidelity --static --el-attention --shape d256 --threads 1
 """
 
 from __future__ import annotations
@@ -213,6 +223,74 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     return report
 
 
+STATIC_REFERENCES = ("default (GPU layout)", "default (CPU layout)", "transformers")
+
+
+def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: Workload,
+                   el_attention: bool = False) -> dict:
+    """The static search's outputs against each of `STATIC_REFERENCES`, greedy and beam:
+    {"beam": {reference: Comparison dict}, "greedy": {...}}; gaps scored by transformers in `dtype`.
+    In half precision also the static search's and the default's (GPU layout) against transformers
+    float32, scored in float32 (under "vs_float32"): which of the two is closer to the float32 result.
+    `el_attention`: the static search with EL-attention is the one measured, against the static search
+    without it ("static") too."""
+    from transformers import BartForConditionalGeneration
+
+    import bart_opt.model as model_module
+    from bart_opt import Bart
+
+    hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
+    hf32 = None if dtype == torch.float32 else BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
+    ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
+    pad = ours.config.pad_token_id
+    inputs = make_inputs(ours.config, work)
+    per_input = model_module.attends_per_input
+    references = (("static",) if el_attention else ()) + STATIC_REFERENCES
+    report: dict = {}
+    for name, beams in (("beam", work.num_beams), ("greedy", 1)):
+        kwargs = work.settings(beams)
+        runs = {"transformers": generate_all(hf, inputs, work.batch_size, kwargs, device, pad),
+                "default (CPU layout)": generate_all(ours, inputs, work.batch_size, kwargs, device, pad)}
+        model_module.attends_per_input = lambda device: False
+        try:
+            runs["default (GPU layout)"] = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+        finally:
+            model_module.attends_per_input = per_input
+        ours.static = True
+        try:
+            runs["static"] = measured = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+            if el_attention:
+                ours.el_attention = True
+                runs["static + el"] = measured = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+        finally:
+            ours.static = ours.el_attention = False
+        spec = ours.generation_spec(kwargs)
+        report[name] = {ref: compare(runs[ref], measured, inputs, hf, spec, device).as_dict() for ref in references}
+        if hf32 is not None:
+            reference32 = generate_all(hf32, inputs, work.batch_size, kwargs, device, pad)
+            labels = ("default (GPU layout)", "static") + (("static + el",) if el_attention else ())
+            report[name]["vs_float32"] = {label: compare(reference32, runs[label], inputs, hf32, spec, device).as_dict()
+                                          for label in labels}
+    return report
+
+
+def format_static_table(title: str, results: dict) -> str:
+    """Markdown: one row per dtype and search; the measured static search's identical outputs and score gaps
+    per reference."""
+    first = next(iter(results.values()))["beam"]
+    references = [ref for ref in first if ref != "vs_float32"]
+    versus = " / ".join(first.get("vs_float32", {})) or "-"
+    head = " | ".join(f"= {ref} | its score gaps" for ref in references)
+    lines = [f"### {title}", "", f"| dtype | search | {head} | same as transformers fp32: {versus} |",
+             "|---|---|" + "---|---|" * len(references) + "---|"]
+    for dtype, r in results.items():
+        for name in ("beam", "greedy"):
+            cells = " | ".join(f"{_cell(r[name], ref)} | {_gap_summary(r[name][ref]['score_gaps'])}"
+                               for ref in references)
+            lines.append(f"| {dtype} | {name} | {cells} | {_vs_float32(r[name])} |")
+    return "\n".join(lines)
+
+
 def _gap_summary(gaps: list[float]) -> str:
     """Median and max of |gap|, and how many differing outputs transformers scores higher than its own."""
     if not gaps:
@@ -289,6 +367,9 @@ def parse_args(argv):
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--no-self-consistency", action="store_true", help="skip transformers in batches of 1")
     p.add_argument("--threads", type=int)
+    p.add_argument("--static", action="store_true", help="measure the static search against the default instead")
+    p.add_argument("--el-attention", action="store_true",
+                   help="with --static: measure the static search with EL-attention, against the one without it too")
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
@@ -299,6 +380,9 @@ def parse_args(argv):
     bad = sorted(set(args.modes) - set(MODES))
     if bad or not args.modes:
         p.error(f"unknown or no mode(s) {bad}; choose from {list(MODES)}")
+    if args.el_attention and not args.static:
+        p.error("--el-attention measures the static search with EL-attention: give --static too "
+                "(--modes el measures the default search's)")
     return args
 
 
@@ -319,12 +403,16 @@ def main(argv: list[str] | None = None) -> int:
         folder = build_checkpoint(tmp, args.shape, args.seed, args.eos_bias, args.init_std)
         for name in args.dtypes:
             print(f"{args.shape} {name} ...", file=sys.stderr, flush=True)
-            results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=args.modes,
-                                          self_consistency=not args.no_self_consistency)
-    title = (f"fidelity: random {args.shape} (init_std {args.init_std}, eos_bias {args.eos_bias}) on {device}, "
-             f"{work.n} inputs of {work.min_len}-{work.max_len} tokens, {work.num_beams} beams, "
-             f"up to {work.new_tokens} new tokens")
-    print(format_table(title, results, work))
+            if args.static:
+                results[name] = measure_static(folder, getattr(torch, name), device, work, args.el_attention)
+            else:
+                results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=args.modes,
+                                              self_consistency=not args.no_self_consistency)
+    searched = " of the static search" + (" with EL-attention" if args.el_attention else "") if args.static else ""
+    title = (f"fidelity{searched}: random {args.shape} (init_std "
+             f"{args.init_std}, eos_bias {args.eos_bias}) on {device}, {work.n} inputs of {work.min_len}-{work.max_len} "
+             f"tokens, {work.num_beams} beams, up to {work.new_tokens} new tokens")
+    print(format_static_table(title, results) if args.static else format_table(title, results, work))
     if args.json_path:
         payload = {"shape": args.shape, "config": SHAPES[args.shape], "workload": work.__dict__,
                    "init_std": args.init_std, "eos_bias": args.eos_bias, "device": str(device),

@@ -12,6 +12,12 @@ default mode with EL-attention, ``bart_opt_el``)
   length_penalty 2.0, min_length 56, max_length 142, no_repeat_ngram_size 3,
   early_stopping), as samples/s and generated tokens/s.
 
+With ``--static`` it adds ``bart_opt_static`` (`Bart.static`) and a throughput table per engine:
+docs/s, peak memory, and on CUDA GPU-busy seconds and kernel launches of one profiled generate
+(:mod:`bart_opt.bench.profiling`; "n/a" elsewhere).
+
+    bart-opt bench --size large --device cuda --dtype float16 --static --tasks throughput_cnn
+
 Memory is the peak above what was allocated when the call started (weights and
 inputs): live tensor bytes on CPU (:class:`bart_opt.memory.LiveTensorCounter`),
 the CUDA caching allocator's true peak on GPU. Each task runs once under the
@@ -44,8 +50,15 @@ from bart_opt.memory import MemoryLog, format_bytes, measure
 
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt", "bart_opt_exact")
-OURS = ("bart_opt", "bart_opt_exact", "bart_opt_el")  # one Bart model; the engine name sets its mode
 EL_ENGINE = "bart_opt_el"  # with --el-attention
+MODE_FLAGS = {  # one Bart model for all of bart_opt's engines; the engine name sets its mode
+    "bart_opt": (),
+    "bart_opt_exact": ("exact",),
+    "bart_opt_static": ("static",),
+    EL_ENGINE: ("el_attention",),
+    "bart_opt_el_static": ("el_attention", "static"),  # the device check's (bart_opt.bench.device)
+}
+OURS = tuple(MODE_FLAGS)
 LENGTH_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # uneven inputs, the longest sets the padded length
 PEERS = ("ctranslate2",)  # engines --peers can add; see vs_peers.py
 DEFAULT_PEERS_EOS_BIAS = 1.5  # random bart-base weights then stop after 75-110 tokens instead of running to 142
@@ -69,6 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "0 reports the time of the memory run")
     p.add_argument("--skip-overhead", action="store_true", help="leave out the logging-overhead measurement")
     p.add_argument("--skip-exact", action="store_true", help="leave out bart_opt's exact mode")
+    p.add_argument("--static", action="store_true", help="add bart_opt's static search (bart_opt_static)")
     p.add_argument("--el-attention", action="store_true",
                    help="add bart_opt's default mode with EL-attention (engine bart_opt_el)")
     p.add_argument("--hf-no-cache", action="store_true",
@@ -118,7 +132,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: bool = True,
-                 el_attention: bool = False) -> dict[str, torch.nn.Module]:
+                 static: bool = False, el_attention: bool = False) -> dict[str, torch.nn.Module]:
     """The engines from the same folder: transformers' BartForConditionalGeneration and bart_opt.Bart
     (one model object for all of its modes: the weights are loaded once)."""
     from transformers import BartForConditionalGeneration
@@ -133,6 +147,8 @@ def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: b
     engines = {"transformers": hf, "bart_opt": ours}
     if exact:
         engines["bart_opt_exact"] = ours
+    if static:
+        engines["bart_opt_static"] = ours
     if el_attention:
         engines[EL_ENGINE] = ours
     return engines
@@ -162,11 +178,12 @@ def make_batch(config, batch_size: int, max_len: int, device: torch.device, seed
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "decoder_input_ids": decoder_ids.to(device)}
 
 
-def set_engine_mode(model, engine: str) -> None:
-    """Put the one bart_opt model in the mode `engine` (one of `OURS`) names."""
-    model.el_attention = False
-    model.exact = engine == "bart_opt_exact"
-    model.el_attention = engine == EL_ENGINE
+def set_mode(model, engine: str) -> None:
+    """Put the one bart_opt model in the mode `engine` (one of `OURS`) names: every flag off first
+    (exact excludes the others), then the engine's own on."""
+    model.static = model.el_attention = model.exact = False
+    for flag in MODE_FLAGS[engine]:
+        setattr(model, flag, True)
 
 
 def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
@@ -178,7 +195,7 @@ def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
             if engine == "transformers":
                 extra = {"use_cache": False} if hf_no_cache else {}
                 return model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, **extra).logits
-            set_engine_mode(model, engine)
+            set_mode(model, engine)
             return model(ids, attention_mask=mask, decoder_input_ids=dec)
 
     def generate(settings):
@@ -186,7 +203,7 @@ def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
             with torch.inference_mode():
                 if engine == "transformers":
                     return model.generate(input_ids=ids, attention_mask=mask, **settings)
-                set_engine_mode(model, engine)
+                set_mode(model, engine)
                 return model.generate(ids, attention_mask=mask, **settings)
         return run
 
@@ -293,7 +310,7 @@ def compute_ratios(results: list[dict]) -> dict:
     for task in dict.fromkeys(r["task"] for r in results):
         by = {r["engine"]: r for r in results if r["task"] == task}
         ratios[task] = _ratio(by["bart_opt"], by["transformers"])
-        for mode, engine in (("exact", "bart_opt_exact"), ("el", EL_ENGINE)):
+        for mode, engine in (("exact", "bart_opt_exact"), ("static", "bart_opt_static"), ("el", EL_ENGINE)):
             if engine in by:
                 other, default = by[engine], by["bart_opt"]
                 ratios[task][mode] = {
@@ -362,7 +379,8 @@ def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dic
     lines += ["", "| task | mode | peak (bart_opt / transformers) | time (bart_opt / transformers) | speed-up "
               "| same output | mode / default: peak, time |", "|---|---|---:|---:|---:|---|---|"]
     for task, default in ratios.items():
-        for mode, q in (("default", default), ("exact", default.get("exact")), ("el", default.get("el"))):
+        for mode in ("default", "exact", "static", "el"):
+            q = default if mode == "default" else default.get(mode)
             if q is None:
                 continue
             same = ("yes" if q["outputs_equal"] else "**NO**") if "outputs_equal" in q else (
@@ -473,7 +491,8 @@ def _bench(args) -> int:
     with tempfile.TemporaryDirectory(prefix="bart-opt-bench-") as tmp:
         folder = args.model or build_random_checkpoint(tmp, args.size, args.seed, args.eos_bias)
         try:
-            engines = load_engines(folder, device, dtype, exact=not args.skip_exact, el_attention=args.el_attention)
+            engines = load_engines(folder, device, dtype, exact=not args.skip_exact, static=args.static,
+                                   el_attention=args.el_attention)
         except (OSError, ValueError) as exc:
             print(f"bart-opt bench: cannot load {folder}: {exc}", file=sys.stderr)
             return 2
@@ -502,13 +521,46 @@ def _bench(args) -> int:
         _progress("measuring logging overhead ...")
         batch = make_batch(cfg, args.batch_size, args.max_len, device, args.seed)
         overhead = measure_overhead(engines["bart_opt"], batch, device, args.repeats)
+    profiles = None
+    if args.static and "throughput_cnn" in args.tasks:
+        profiles = profile_throughput(args, engines, device)
     print(format_tables(config, results, ratios, overhead))
+    if profiles is not None:
+        print("\n" + format_throughput(results, profiles))
     if args.json_path:
-        payload = {"config": config, "results": results, "ratios": ratios, "log_overhead": overhead}
+        payload = {"config": config, "results": results, "ratios": ratios, "log_overhead": overhead,
+                   **({"profiles": profiles} if profiles is not None else {})}
         Path(args.json_path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     if args.plot_path:
         write_plot(args.plot_path, results, plot_log, f"{config['model']}, {config['device']}, {config['dtype']}")
     return 0
+
+
+def profile_throughput(args, engines: dict, device: torch.device) -> dict[str, dict | None]:
+    """One profiled throughput_cnn generate per engine (`bart_opt.bench.profiling`); None per engine off CUDA."""
+    from bart_opt.bench.profiling import profile_call
+
+    cfg = engines["bart_opt"].config
+    batch = make_batch(cfg, args.throughput_batch_size or args.batch_size, args.throughput_max_len or args.max_len,
+                       device, args.seed)
+    _progress("profiling throughput_cnn ...")
+    return {name: profile_call(task_call("throughput_cnn", name, model, batch, args.hf_no_cache), device)
+            for name, model in engines.items()}
+
+
+def format_throughput(results: list[dict], profiles: dict[str, dict | None]) -> str:
+    """Markdown: throughput_cnn per engine, with the GPU's figures of one profiled generate ("n/a" off CUDA)."""
+    lines = ["| engine | docs/s | peak memory | GPU-busy s / generate | of wall time | kernel launches / generate "
+             "| kernels run |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if r["task"] != "throughput_cnn":
+            continue
+        prof = profiles.get(r["engine"])
+        gpu = ("n/a",) * 4 if prof is None else (
+            f"{prof['gpu_busy_s']:.3f}", f"{prof['gpu_busy_fraction']:.0%}", str(prof["launches"]), str(prof["kernels"]))
+        lines.append(f"| {r['engine']} | {r['samples_per_s']:.2f} | {format_bytes(r['peak_bytes'])} | " + " | ".join(gpu)
+                     + " |")
+    return "\n".join(lines)
 
 
 def _bench_peers(args) -> int:

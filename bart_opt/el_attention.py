@@ -22,9 +22,11 @@ Two layouts, as for the other modes (`bart_opt.cross_attention`):
   leaving the batch frees its own; in float32 (and in the fast mode) only its real rows, so padding
   is neither stored nor attended to; in half precision the padded rows are kept and masked, as the
   default mode does (`bart_opt.packing.skips_padded_keys`).
-* `BatchedELCrossAttention` (off the CPU): the padded (B, 1, S, D) encoder output and a
-  (B, 1, 1, S) additive key mask, one attention call for the whole batch; its shapes depend only on
-  the batch's, and a call makes no host sync, so it suits fixed-shape (captured) decoding.
+* `BatchedELCrossAttention` (off the CPU, and in the static search on every device): the padded
+  (B, 1, S, D) encoder output and a (B, 1, 1, S) additive key mask made once, one attention call for
+  the whole batch; its shapes depend only on the batch's, and neither a call nor `keep` (given the
+  rows as a device tensor) makes a host sync, so it serves fixed-shape decoding captured in CUDA
+  graphs (`bart_opt.static_generation`).
 
 Only `generate` uses it: a teacher-forced forward pass runs the layers' own projections, one
 layer at a time (`Bart.cross_attention`).

@@ -13,12 +13,12 @@ from transformers import BartForConditionalGeneration
 
 from bart_opt import Bart
 from bart_opt.bench.dispatch import counting
-from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded, strip
+from bart_opt.bench.fidelity import make_inputs, padded, strip
 from bart_opt.cache import StaticKVCache
 from bart_opt.el_attention import BatchedELCrossAttention
 from bart_opt.static_generation import CHECK_EVERY
 from tests.bart_opt.reference import batch
-from tests.bart_opt.test_el_attention import assert_published_agreement
+from tests.bart_opt.test_el_attention import WORK, assert_published_agreement, d256  # noqa: F401  (d256: a fixture)
 from tests.bart_opt.test_fidelity import one_thread  # noqa: F401  (autouse: one thread, as the published figures)
 from tests.bart_opt.test_generation import CHECKPOINTS, _steps_and_ids, _unpadded, reference_generate
 from tests.bart_opt.test_static_generation import STATIC_CASES
@@ -124,12 +124,6 @@ PUBLISHED_EL_STATIC_IDENTICAL = {
     "AVX512": {"float32": (8, 8), "float16": (6, 5), "bfloat16": (1, 0)},
     "AVX2": {"float32": (8, 8), "float16": (5, 4), "bfloat16": (0, 1)},
 }
-WORK = Workload()
-
-
-@pytest.fixture(scope="module")
-def d256(make_checkpoint) -> str:
-    return make_checkpoint(with_tokenizer=False, init_std=0.2, eos_bias=0.0, **SHAPES["d256"])
 
 
 @pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])

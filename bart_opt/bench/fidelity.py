@@ -4,7 +4,8 @@ For one random checkpoint shape and each dtype, on CPU or CUDA, every input is g
 
 - transformers' `generate` in padded batches of `--batch-size` (the reference),
 - transformers' `generate` alone (batch of 1): transformers' own self-consistency,
-- bart_opt's default, exact and fast modes, in the same batches as the reference,
+- bart_opt's default, exact and fast modes, and its int8 mode (`quantize="int8"`, CPU only; the default
+  mode on int8 weights), in the same batches as the reference,
 
 greedy and with beam search. For each output that differs from the reference, the tie
 analysis scores both hypotheses with transformers' model (teacher-forced, alone, the run's
@@ -30,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bart_opt import hardware
 from bart_opt.bench.workloads import SIZES
 from bart_opt.processors import process_scores
 
@@ -43,7 +45,7 @@ SHAPES = {
               "decoder_attention_heads": 8, "ffn_dim": 512, "vocab_size": 2000, "max_position_embeddings": 256},
 }
 DTYPES = ("float32", "float16", "bfloat16")
-MODES = ("default", "exact", "fast")
+MODES = ("default", "exact", "fast", "int8")
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,7 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     hf32 = (BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
             if float32_reference and dtype != torch.float32 else None)
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
+    quantized = Bart.from_pretrained(folder, device=device, dtype=dtype, quantize="int8") if "int8" in modes else None
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)
     report: dict = {"seconds": {}}
@@ -182,8 +185,8 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
                                     *[("bart_opt", m, work.batch_size) for m in modes],
                                     *([("transformers", None, 1)] if self_consistency and name == "beam" else [])]:
             label = f"transformers_b{batch}" if engine == "transformers" else mode
-            model = hf if engine == "transformers" else ours
-            if engine == "bart_opt":
+            model = hf if engine == "transformers" else quantized if mode == "int8" else ours
+            if engine == "bart_opt" and mode != "int8":
                 ours.mode = mode
             tick = time.perf_counter()
             runs[label] = generate_all(model, inputs, batch, kwargs, device, pad)
@@ -235,8 +238,9 @@ def format_table(title: str, results: dict, work: Workload) -> str:
              "| dtype | greedy default | greedy exact | beam exact | beam default | default's score gaps "
              "| greedy fast | beam fast | fast's score gaps "
              "| transformers alone vs in batch | its score gaps | output tokens (min/mean/max), distinct "
-             "| beam, same as transformers fp32: transformers / default / exact / fast |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| beam, same as transformers fp32: transformers / default / exact / fast / int8 "
+             "| greedy int8 | beam int8 | int8's score gaps |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for dtype, r in results.items():
         beam, greedy = r["beam"], r.get("greedy", {})
         tokens = beam["output_tokens"]
@@ -248,7 +252,8 @@ def format_table(title: str, results: dict, work: Workload) -> str:
             f"| {_cell(beam, 'transformers_b1')} "
             f"| {_gap_summary(beam.get('transformers_b1', {}).get('score_gaps', []))} "
             f"| {tokens['min']}/{tokens['mean']:.1f}/{tokens['max']}, {beam['distinct_outputs']} "
-            f"| {_vs_float32(beam)} |")
+            f"| {_vs_float32(beam)} | {_cell(greedy, 'int8')} | {_cell(beam, 'int8')} "
+            f"| {_gap_summary(beam.get('int8', {}).get('score_gaps', []))} |")
     return "\n".join(lines)
 
 
@@ -292,20 +297,23 @@ def main(argv: list[str] | None = None) -> int:
     work = Workload(n=args.n, min_len=args.min_len, max_len=args.max_len, batch_size=args.batch_size,
                     num_beams=args.num_beams, new_tokens=args.new_tokens, seed=args.seed)
     results = {}
+    modes = MODES if device.type == "cpu" else tuple(m for m in MODES if m != "int8")  # int8 is CPU-only
     with tempfile.TemporaryDirectory(prefix="bart-opt-fidelity-") as tmp:
         folder = build_checkpoint(tmp, args.shape, args.seed, args.eos_bias, args.init_std)
         for name in args.dtypes:
             print(f"{args.shape} {name} ...", file=sys.stderr, flush=True)
-            results[name] = measure_dtype(folder, getattr(torch, name), device, work,
+            results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=modes,
                                           self_consistency=not args.no_self_consistency)
     title = (f"fidelity: random {args.shape} (init_std {args.init_std}, eos_bias {args.eos_bias}) on {device}, "
              f"{work.n} inputs of {work.min_len}-{work.max_len} tokens, {work.num_beams} beams, "
-             f"up to {work.new_tokens} new tokens")
+             f"up to {work.new_tokens} new tokens"
+             + (f"; CPU: {hardware.probe().describe()}" if device.type == "cpu" else ""))
     print(format_table(title, results, work))
     if args.json_path:
         payload = {"shape": args.shape, "config": SHAPES[args.shape], "workload": work.__dict__,
                    "init_std": args.init_std, "eos_bias": args.eos_bias, "device": str(device),
-                   "torch": torch.__version__, "results": results}
+                   "torch": torch.__version__, "results": results,
+                   "cpu": hardware.probe().as_dict() if device.type == "cpu" else None}
         Path(args.json_path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 

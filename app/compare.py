@@ -12,6 +12,7 @@ Its methods block (SQLite reads, resampling); the route calls them off the event
 from __future__ import annotations
 
 from app.errors import ApiError
+from app.jobs.schemas import JobView
 from app.jobs.service import JobService
 from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, Run, RunMismatch, compare_runs
 from bart_opt.errors import InvalidRequest
@@ -61,15 +62,16 @@ class CompareService:
             raise InvalidRequest("jobs", f"{repeated[0]!r} is given twice")
 
     def _run(self, job_id: str) -> Run:
-        view = self.jobs.get(job_id)
-        if view["status"] != "succeeded":
+        job = self.jobs.job(job_id)
+        if job.status != "succeeded":
             raise ApiError(409, "job_not_finished",
-                           f"job {job_id} is {view['status']}; only succeeded jobs can be compared",
+                           f"job {job_id} is {job.status}; only succeeded jobs can be compared",
                            field="jobs")  # fmt: skip
         limit = self.max_examples
-        if view["progress"]["total"] > limit:
+        if job.total > limit:
             raise InvalidRequest("jobs", (
-                f"job {job_id} has {view['progress']['total']:,} examples; the service compares jobs of up to "
+                f"job {job_id} has {job.total:,} examples; the service compares jobs of up to "
                 f"{limit:,} (BART_OPT_MAX_COMPARE_EXAMPLES): download their predictions and run bart-opt compare"))
-        info = {key: view.get(key) for key in _INFO_KEYS}
+        view = JobView.of(job).model_dump()
+        info = {key: view[key] for key in _INFO_KEYS}
         return Run(name=job_id, rows=self.jobs.prediction_rows(job_id), info=info)

@@ -7,7 +7,9 @@ through ``metrics.gauge``) and ``service`` (:class:`app.service.SummarizeService
 ``worker`` also takes ``Kind.JOB`` work items, its ``summarizer`` is the loaded model) and
 ``jobs`` (:class:`app.jobs.JobService`, the evaluation jobs, resumed when the app starts).
 Every router but health's and the dashboard's (a page and its scripts, no data) is included
-with the API-key dependency.
+with the API-key dependency; ``GET /auth`` checks the key and nothing else (the dashboard's
+sign-in). The API docs (``/docs``, ``/openapi.json``) exist only with ``BART_OPT_DOCS=true``,
+behind the key too (`app.routes.docs`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from app.errors import document_errors, install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, TimeLimitMiddleware
-from app.routes import compare, dashboard, evaluate, examples, health, metrics, summarize
+from app import startup
+from app.routes import auth, compare, dashboard, evaluate, examples, health, metrics, summarize
 from app.security import require_api_key
 from app.service import SummarizerLoader, SummarizeService, load_summarizer
 from app.settings import Settings
@@ -38,6 +41,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        startup.log_warnings(settings)
         service.start()
         jobs.start()
         try:
@@ -54,6 +58,10 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
         summary="Summarization with a memory-optimized BART; per-request memory and timing reports.",
         version="0.1.0",
         lifespan=lifespan,
+        # FastAPI's own pages load their scripts from a CDN; ours are app.routes.docs, when asked for.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
     )
     app.state.settings = settings
     app.state.metrics = registry
@@ -69,12 +77,18 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.add_middleware(RequestContextMiddleware, metrics=registry)
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
+    app.include_router(auth.router, dependencies=protected)
     app.include_router(summarize.router, dependencies=protected)
     app.include_router(metrics.router, dependencies=protected)
     app.include_router(evaluate.router, dependencies=protected)
     app.include_router(examples.router, dependencies=protected)
     app.include_router(compare.router, dependencies=protected)
     app.include_router(dashboard.router)
+    if settings.docs:
+        from app.routes import docs
+
+        app.include_router(docs.pages, dependencies=protected)
+        app.include_router(docs.assets)
     document_errors(app)
     return app
 

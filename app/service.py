@@ -30,7 +30,7 @@ from app.runner import ItemResult, SummarizerRunner, resident_bytes
 from app.schemas import GenerationOptions, SummarizeRequest
 from app.settings import Settings
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkerDied, WorkItem, Worker
-from bart_opt.errors import InvalidRequest
+from bart_opt.errors import CheckpointError, InvalidRequest
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer, check_text
 
@@ -150,7 +150,9 @@ class SummarizeService:
         if state is State.LOADING:
             return ApiError(503, "not_ready", "the model is still loading", headers=retry)
         if state is State.FAILED:
-            message = "the model failed to load; the server log has the reason"
+            error = self.worker.load_error if self.worker is not None else None
+            problem = f" ({error.problem})" if isinstance(error, CheckpointError) else ""  # no server path in it
+            message = f"the model failed to load{problem}; the server log has the reason"
             return ApiError(503, "model_load_failed", message, headers=retry)
         if state is State.DEAD:
             message = "the device worker stopped unexpectedly; the server needs a restart (the log has the reason)"

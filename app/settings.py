@@ -20,7 +20,9 @@ from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 class Settings(BaseSettings):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
 
-    model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=())
+    # hide_input_in_errors: a refused value (the API key, a database URL's password) never appears in the error's text.
+    model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=(),
+                                      hide_input_in_errors=True)
 
     model: str = Field("facebook/bart-large-cnn", description="Hub id or local checkpoint folder.")
     device: str = Field("auto", description="'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'.")
@@ -59,13 +61,33 @@ class Settings(BaseSettings):
     )
     micro_batch: bool = Field(True, description="Merge waiting requests with equal generation settings into one call.")
     api_key: SecretStr | None = Field(
-        None, description="When set, every route but /health and /ready needs 'Authorization: Bearer <key>'."
+        None, description="When set, every route but /health, /ready and the dashboard's page and files needs "
+        "'Authorization: Bearer <key>'. Refused at start with white space at either end."
+    )
+    docs: bool = Field(
+        False, description="Serve the API docs: /docs (Swagger UI, from files the package ships, under the "
+        "dashboard's CSP) and /openapi.json, behind the API key when one is set. Off: both are 404."
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     recent_logs: int = Field(100, ge=1, description="Requests kept for GET /metrics?format=json.")
     shutdown_timeout: float = Field(30.0, gt=0, description="Seconds SIGTERM waits for requests in flight.")
-    db: str = Field("./bart_opt_jobs.db", description="SQLite file of evaluation jobs.")
+    db: str = Field(
+        "./bart_opt_jobs.db", description="Database of evaluation jobs: a SQLite file path (or sqlite:///PATH), or "
+        "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (the postgres extra) for several replicas on several machines."
+    )
+    db_pool_size: int = Field(5, ge=1, description="Connections to the jobs database each process keeps open.")
+    db_max_overflow: int = Field(
+        10, ge=0, description="Connections each process may open beyond db_pool_size while busy (closed when idle)."
+    )
+    db_pool_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds a request waits for a free database connection before a 503."
+    )
+    db_connect_timeout_s: float = Field(10.0, gt=0, description="Seconds to open a connection to a database server.")
+    fd_unhealthy_fraction: float = Field(
+        0.9, gt=0, le=1, description="GET /health answers 503 once the process holds this fraction of its file "
+        "descriptor limit (RLIMIT_NOFILE, ulimit -n)."
+    )
     data_dir: str = Field("./data", description="The only folder evaluation jobs may read files from.")
     hub_datasets: str = Field(
         "abisee/cnn_dailymail",
@@ -119,6 +141,14 @@ class Settings(BaseSettings):
             raise ValueError(f"device must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N', got {value!r}")
         return value
 
+    @field_validator("db")
+    @classmethod
+    def _check_db(cls, value: str) -> str:
+        from app.jobs.database import database_url  # here: app.jobs imports the settings
+
+        database_url(value)  # refused here, at start: an unknown scheme, a URL taken for a file name
+        return value
+
     @field_validator("ray_address")
     @classmethod
     def _empty_address_is_none(cls, value: str | None) -> str | None:
@@ -126,8 +156,15 @@ class Settings(BaseSettings):
 
     @field_validator("api_key")
     @classmethod
-    def _empty_key_is_none(cls, value: SecretStr | None) -> SecretStr | None:
-        return value if value is not None and value.get_secret_value() else None
+    def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """An empty key is no key; one with white space at either end is refused (never stripped, never shown)."""
+        if value is None or not value.get_secret_value():
+            return None
+        key = value.get_secret_value()
+        if key != key.strip():
+            raise ValueError("BART_OPT_API_KEY has white space at its start or end (a newline from a file or "
+                             "`echo`?); it is not stripped, so every request would be refused: set it without")
+        return value
 
 
 def get_settings(request: Request) -> Settings:

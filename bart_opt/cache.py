@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 class KVCache:
@@ -83,3 +84,85 @@ class KVCache:
             if bool((table < 0).any()):
                 raise RuntimeError("KVCache.keep: a kept row's history lies in a row that is dropped")
             self.rows = table
+
+
+STATIC_ALIGN = 16
+"""`StaticKVCache` rounds its length up to a multiple of this: the fused attention kernels of CUDA
+want a mask whose last dimension is 16-aligned, and copy an unaligned one at every call."""
+
+
+class StaticKVCache:
+    """The static decoder's self-attention cache: fixed shapes, a position on the device, beams
+    through a history table (cache indirection) instead of moved rows.
+
+    Per layer one (L, N, 2, H, d) tensor holds the keys (`[:, :, 0]`) and values (`[:, :, 1]`) of
+    `L` positions (position-major: a step writes one contiguous (N, 2, H, d) slab) for N rows.
+    `position` (1,) is the position the next step writes, on the device, so that a CUDA graph can
+    replay a step: nothing about the step is read on the host. `history` (N, L) says which row holds
+    each position of row i's hypothesis; a beam step permutes the table (N x L integers), not the
+    keys/values. Attention reads every row's history through it with one gather of the layer's
+    keys/values (a copy of (N, H, L, d) x 2) and then attends over all L positions with an additive
+    mask that hides the ones not written yet (`bias`, (1, 1, 1, L), 0 or -inf).
+
+    Between `keep` calls every tensor a step reads is updated in place, so that a CUDA graph of the
+    step (`bart_opt.graphs`) finds each step's table, index and mask where it was captured.
+
+    The gather reads the whole cache each step, where the default copies only the rows a beam step
+    moved (it needs a host sync to know them): `docs/gpu.md` has the measured costs.
+    """
+
+    def __init__(self, layers: int, rows: int, heads: int, max_len: int, head_dim: int, dtype, device):
+        length = -(-max_len // STATIC_ALIGN) * STATIC_ALIGN
+        self.max_len = max_len
+        self.kv = [torch.zeros(length, rows, 2, heads, head_dim, dtype=dtype, device=device) for _ in range(layers)]
+        self.position = torch.zeros(1, dtype=torch.long, device=device)  # (1,)
+        self._steps = torch.arange(length, device=device)  # (L,)
+        self.bias = torch.full((1, 1, 1, length), -torch.inf, dtype=dtype, device=device)  # (1, 1, 1, L)
+        self.bias[..., 0] = 0  # the first step attends to position 0
+        self._rows(torch.arange(rows, device=device)[:, None].expand(rows, length).contiguous())
+
+    def _rows(self, history: torch.Tensor) -> None:
+        """Take `history` (N, L) and make the tensors sized by the row count N."""
+        rows = history.shape[0]
+        self.history = history
+        self._own = torch.arange(rows, device=history.device)[:, None].expand_as(history)  # (N, L) the unwritten part
+        self._offsets = self._steps[None, :] * rows  # (1, L) where position t's rows start in a flat layer
+        self._index = torch.empty(history.shape, dtype=torch.long, device=history.device)  # (N, L)
+        self._reindex()
+
+    def _reindex(self) -> None:
+        """The flat index of every row's history into a layer's (L*N, 2, H, d) rows, after `history` changed."""
+        torch.add(self.history, self._offsets, out=self._index)  # (N, L)
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        """Write the new position's k, v (N, H, 1, d), then attend q (N, H, 1, d) over every written
+        position of each row's history: (N, H, 1, d)."""
+        kv = self.kv[layer]  # (L, N, 2, H, d)
+        length, rows = kv.shape[:2]
+        kv[:, :, 0].index_copy_(0, self.position, k.permute(2, 0, 1, 3))  # (1, N, H, d) at `position`
+        kv[:, :, 1].index_copy_(0, self.position, v.permute(2, 0, 1, 3))
+        read = kv.view(length * rows, *kv.shape[2:]).index_select(0, self._index.view(-1))  # (N*L, 2, H, d)
+        read = read.view(rows, length, *kv.shape[2:]).permute(2, 0, 3, 1, 4)  # (2, N, H, L, d)
+        return F.scaled_dot_product_attention(q, read[0], read[1], attn_mask=self.bias, scale=scale)
+
+    def advance(self, steps: int) -> None:
+        """Mark the position as written (after every layer wrote it): the next step attends to one more."""
+        if steps != 1:
+            raise RuntimeError("a StaticKVCache is written one position a step")
+        self.position += 1
+        self.bias.view(-1).index_fill_(0, self.position, 0)
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """Row i continues old row `rows[i]` (N,): the written part of its history becomes that row's."""
+        written = self._steps[None, :] < self.position  # (1, L)
+        torch.where(written, self.history.index_select(0, rows), self._own, out=self.history)
+        self._reindex()
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Shrink to the rows `rows` (N',), one layer at a time; a kept row's history lies in kept rows
+        (beams exchange history only within their input, and inputs are kept or dropped whole)."""
+        for i, kv in enumerate(self.kv):
+            self.kv[i] = kv.index_select(1, rows)
+        kept = torch.arange(rows.shape[0], device=rows.device)  # (N',)
+        place = torch.zeros(self.history.shape[0], dtype=torch.long, device=rows.device).index_copy_(0, rows, kept)
+        self._rows(place[self.history.index_select(0, rows)])  # (N', L): old row -> its new place

@@ -175,9 +175,13 @@ class BatchedCrossAttention:
         k, v = self.kv[layer]  # (B, H, S, d)
         b = k.shape[0]
         q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
-        mask = None if self.pad_mask is None else self.pad_mask[:, None, None, :]  # (B, 1, 1, S)
+        mask = self.key_mask()  # (B, 1, 1, S) or None
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=attn.scaling)  # (B, H, beams*T, d)
         return attn.out_proj(out.transpose(1, 2).reshape(n, t, d_model))  # (B*beams, T, D)
+
+    def key_mask(self) -> torch.Tensor | None:
+        """(B, 1, 1, S) mask of the real keys (bool here), or None when nothing is padded."""
+        return None if self.pad_mask is None else self.pad_mask[:, None, None, :]
 
 
 class ExactCrossAttention(BatchedCrossAttention):
@@ -245,4 +249,35 @@ class ExactCrossAttention(BatchedCrossAttention):
         return attn.out_proj(attn.merge(out))  # (B*beams, T, D)
 
 
-CrossAttention = SharedCrossAttention | BatchedCrossAttention | ExactCrossAttention
+class StaticCrossAttention(BatchedCrossAttention):
+    """The static search's cross-attention (`Bart.static`, on any device): `BatchedCrossAttention`'s
+    state and single call for the batch, with the padding mask made additive once per call of
+    `generate` (`bias`, (B, 1, 1, S), 0 at real keys and -inf at padding) instead of converted from
+    the bool mask inside every attention call. The numbers are the ones the conversion gives, so
+    the result is the same bit for bit; what goes is one conversion per layer and step.
+    """
+
+    bias: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
+              lazy: bool = False) -> Self:
+        """As `BatchedCrossAttention.build`, plus the additive mask in `memory`'s dtype."""
+        state = super().build(attns, memory, attention_mask, beams, lazy)
+        if state.pad_mask is not None:
+            bias = torch.zeros(state.pad_mask.shape, dtype=memory.dtype, device=memory.device)  # (B, S)
+            state.bias = bias.masked_fill_(~state.pad_mask, -torch.inf)[:, None, None, :]  # (B, 1, 1, S)
+        return state
+
+    def keep(self, rows: torch.Tensor) -> None:
+        """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
+        super().keep(rows)
+        if self.bias is not None:
+            self.bias = self.bias.index_select(0, rows)
+
+    def key_mask(self) -> torch.Tensor | None:
+        """The additive (B, 1, 1, S) mask made once, or None when nothing is padded."""
+        return self.bias
+
+
+CrossAttention = SharedCrossAttention | BatchedCrossAttention | ExactCrossAttention | StaticCrossAttention

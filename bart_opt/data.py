@@ -32,7 +32,7 @@ from bart_opt.readers import (
 )
 
 __all__ = ["DEFAULT_MAX_LINE_BYTES", "FILE_FORMATS", "HubUnavailable", "MissingColumnError", "Record",
-           "RecordStream", "iter_records", "load_records"]
+           "RecordStream", "check_id", "iter_records", "load_records"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +122,11 @@ def iter_records(
         text_column: the column holding the text to summarize.
         summary_column: the column holding the reference summary, or None when there are no
             references (every `Record.reference` is then None).
-        id_column: the column holding unique ids. When the source has no such column (or it is
-            None) ids are the row positions as strings ("0", "1", ...), stable across reruns.
+        id_column: the column holding unique ids, kept exactly as given (see `check_id`). When
+            the source has no such column at all (or it is None) every id is its row position as
+            a string ("0", "1", ...), stable across reruns. A source that has the column for some
+            records and not for others is refused, naming the first row that breaks the pattern:
+            ids are never made up for some records and taken from the data for others.
         limit: read at most this many records, from the start.
         max_line_bytes: the most bytes of a file read as one piece (a line, a CSV row, an array
             element; see `bart_opt.readers`); a larger one raises `bart_opt.readers.TooLarge`.
@@ -131,10 +134,10 @@ def iter_records(
             a data folder that should not reveal where that folder is.
 
     Raises:
-        MissingColumnError: the text, summary or id column is missing (lists those that exist).
+        MissingColumnError: the text or summary column is missing (lists those that exist).
         ValueError: no source or several, an unknown file extension, a broken JSON line, a bad
             `limit`, or (while iterating) a record whose text or reference is empty or not a
-            string (the message names the record).
+            string, or whose id breaks `check_id` (the message names the record or its row).
         FileNotFoundError: `file` does not exist.
         OSError: `file` cannot be read.
         HubUnavailable: the hub dataset cannot be opened or (while iterating) read.
@@ -209,21 +212,42 @@ class _Columns:
         return [c for c in (self.id, self.text, self.summary) if c is not None]
 
     def record(self, index: int, row: Mapping[str, Any]) -> Record:
-        record_id = str(index) if self.id is None else _as_id(row[self.id], index, self.id)
+        record_id = str(index) if self.id is None else check_id(row[self.id], index, self.id)
         text = _as_text(row[self.text], record_id, self.text)
         reference = None if self.summary is None else _as_text(row[self.summary], record_id, self.summary)
         return Record(record_id, text, reference)
 
 
-def _as_id(value: Any, index: int, column: str) -> str:
+def check_id(value: Any, index: int, column: str) -> str:
+    """The id of the record at row `index` as stored: `value` itself (an integer as its digits).
+
+    One rule for every source (files, hub datasets, inline records; the CLI and the service):
+    an id is a string or an integer; it is not empty, has no white space at either end (it is
+    never stripped: " a " and "a" would be two names for one record), and is not ``.`` or
+    ``..`` (no URL path can name such an example: clients resolve them away). Anything else
+    raises ValueError naming the row.
+    """
+    if value is None:
+        raise ValueError(f"record at row {index}: no id (column {column!r} is empty)")
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise ValueError(
-            f"record at row {index}: id column {column!r} holds {value!r}; expected a string or integer"
+            f"record at row {index}: id column {column!r} holds {_shown(value)}; expected a string or integer"
         )
-    record_id = str(value).strip()
+    record_id = str(value)
     if not record_id:
         raise ValueError(f"record at row {index}: id column {column!r} is empty")
+    if record_id != record_id.strip():
+        raise ValueError(f"record at row {index}: id {_shown(record_id)} has white space at its start or end; "
+                         "ids are kept as given, so remove it from the data")
+    if record_id in (".", ".."):
+        raise ValueError(f"record at row {index}: id {record_id!r} cannot name an example in a URL path; rename it")
     return record_id
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """`value`'s repr for a message, its middle cut out when it is long."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit // 2]}...{text[-limit // 4 :]}"
 
 
 def _as_text(value: Any, record_id: str, column: str) -> str:
@@ -249,7 +273,8 @@ def _check_unique_ids(records: list[Record]) -> None:
 def _mapping_rows(rows: Iterable[Any], columns: _Columns, source: str) -> tuple[_Columns, Rows]:
     """Rows that are dicts with their own keys (a list, JSON lines).
 
-    The first row decides whether ids come from the id column; every row is checked as it is read.
+    The first row says whether the source has ids; a later row that says otherwise is refused
+    (see `iter_records`). Every row is checked as it is read.
     """
     rows = iter(rows)
     first = next(rows, None)
@@ -263,8 +288,10 @@ def _mapping_rows(rows: Iterable[Any], columns: _Columns, source: str) -> tuple[
         for index, row in enumerate(rows, start=1):
             _check_mapping(row, index, source)
             resolved.check(list(row), f"{source} row {index}")
-            if resolved.id is not None and resolved.id not in row:
-                raise MissingColumnError(resolved.id, "id", row, f"{source} row {index}")
+            if columns.id is not None and (resolved.id is None) == (columns.id in row):
+                has, lacks = (index, 0) if resolved.id is None else (0, index)
+                raise ValueError(f"{source} row {has} has an id ({columns.id!r}) but row {lacks} has none: give "
+                                 "every record an id, or none (then the ids are the row numbers)")
             yield row
 
     return resolved, checked()

@@ -43,17 +43,24 @@ def generate(model, input_ids, attention_mask=None, spec: GenerationSpec | None 
     exact mode, where cancelled rows stay in the batch; up to near-ties in the default mode,
     where they leave it and the row count of every matrix product changes).
     """
-    if spec is None:
-        spec = model.generation_spec(kwargs)
-    elif kwargs:
-        raise InvalidRequest(sorted(kwargs)[0], "give generation options either as a spec or as keywords, not both")
-    ids, mask = check_inputs(model, input_ids, attention_mask)
+    spec, ids, mask = prepare(model, input_ids, attention_mask, spec, kwargs)
     memory = model.encode(ids, mask)
     cross = model.cross_attention(memory, mask, beams=spec.num_beams)
     del memory  # only the per-layer keys/values are needed from here on
     if spec.num_beams == 1:
         return _greedy(model, ids.shape[0], cross, spec, cancelled)
     return _beam_search(model, ids.shape[0], cross, spec, cancelled)
+
+
+def prepare(model, input_ids, attention_mask, spec: GenerationSpec | None, kwargs: dict):
+    """The call's spec (`spec`, else `kwargs` resolved over the checkpoint's config) and its checked
+    inputs: (spec, ids (B, S), mask (B, S) or None). Shared by the default and the static search."""
+    if spec is None:
+        spec = model.generation_spec(kwargs)
+    elif kwargs:
+        raise InvalidRequest(sorted(kwargs)[0], "give generation options either as a spec or as keywords, not both")
+    ids, mask = check_inputs(model, input_ids, attention_mask)
+    return spec, ids, mask
 
 
 def _cancelled_rows(cancelled: Cancelled | None, items: torch.Tensor) -> torch.Tensor | None:
@@ -123,7 +130,7 @@ class BeamState:
             setattr(self, name, getattr(self, name)[rows])
 
 
-def _init_beams(batch: int, nb: int, s: GenerationSpec, device) -> BeamState:
+def init_beams(batch: int, nb: int, s: GenerationSpec, device) -> BeamState:
     eos = s.eos_token_id
     fill = (s.pad_token_id or eos[0]) if eos is not None else -1
     running = torch.full((batch, nb, s.max_length), fill, dtype=torch.long, device=device)
@@ -142,9 +149,42 @@ def _init_beams(batch: int, nb: int, s: GenerationSpec, device) -> BeamState:
     )
 
 
-def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.Tensor:
+class HostLength:
+    """The current length (tokens so far, the start token included) as the default's beam step reads
+    it: a Python int. The static search reads it from the device instead
+    (`bart_opt.static_generation.DeviceLength`, the same methods), so both run one `beam_step`."""
+
+    def __init__(self, spec: GenerationSpec, value: int = 1):
+        self.spec, self.value = spec, value
+
+    def advance(self) -> None:
+        self.value += 1
+
+    def write(self, seqs: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Put `tokens` (A, K) at the current position of `seqs` (A, K, L)."""
+        seqs[:, :, self.value] = tokens
+
+    def stop_hits(self, tokens: torch.Tensor) -> torch.Tensor:
+        return _stop_hits(tokens, self.value, self.spec)
+
+    def finished_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        """Summed log-probs of hypotheses ending here, length-penalized (cur_len generated tokens)."""
+        return scores / (self.value**self.spec.length_penalty)
+
+    def best_running(self, scores: torch.Tensor) -> torch.Tensor:
+        """The best running scores (A, 1) penalized as transformers' early-stop heuristic does, after `advance`."""
+        s = self.spec
+        best_len = s.max_length - 1 if s.early_stopping == "never" and s.length_penalty > 0.0 else self.value - 1
+        return scores / (best_len**s.length_penalty)
+
+    def lengths_like(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Generated tokens of a hypothesis ending here (cur_len + 1 - the start token), shaped like `tokens`."""
+        return torch.full_like(tokens, self.value)
+
+
+def beam_step(st: BeamState, log_probs: torch.Tensor, length: HostLength, s: GenerationSpec) -> torch.Tensor:
     """Advance `st` by one token from processed log-probs (A*nb, V); returns each new running
-    beam's parent beam (A, nb)."""
+    beam's parent beam (A, nb). `length` is a `HostLength` or the static search's `DeviceLength`."""
     nb = s.num_beams
     a, vocab = st.running.shape[0], log_probs.shape[-1]
     n_eos = len(s.eos_token_id) if s.eos_token_id is not None else 0
@@ -156,8 +196,8 @@ def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Generati
     parent = topk_index // vocab  # (A, K)
     tokens = topk_index % vocab  # (A, K)
     cand = torch.take_along_dim(st.running, parent[:, :, None], dim=1)  # (A, K, L)
-    cand[:, :, cur_len] = tokens
-    hits = _stop_hits(tokens, cur_len, s)  # (A, K)
+    length.write(cand, tokens)
+    hits = length.stop_hits(tokens)  # (A, K)
 
     # Running beams for the next step: the best nb candidates that did not just end.
     run_scores = topk_scores + hits.to(torch.float32) * -1.0e9
@@ -168,8 +208,7 @@ def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Generati
 
     # Finished hypotheses: merge the candidates that ended among the top nb into the kept ones.
     just_finished = hits & top_mask[None, :]
-    # Length of a hypothesis ending here: cur_len + 1 tokens minus the decoder start token.
-    fin_scores = topk_scores / (cur_len**s.length_penalty)
+    fin_scores = length.finished_scores(topk_scores)
     full = torch.all(st.is_finished, dim=-1, keepdim=True) & (s.early_stopping is True)
     fin_scores += full.to(torch.float32) * -1.0e9
     fin_scores += (~st.improvable).to(torch.float32) * -1.0e9
@@ -178,29 +217,30 @@ def _beam_step(st: BeamState, log_probs: torch.Tensor, cur_len: int, s: Generati
     best = torch.topk(merged_scores, k=nb)[1]  # (A, nb)
     st.finished = torch.take_along_dim(torch.cat((st.finished, cand), dim=1), best[:, :, None], dim=1)
     st.finished_scores = torch.take_along_dim(merged_scores, best, dim=1)
-    lengths = torch.full_like(tokens, cur_len)  # generated tokens incl. this one: cur_len + 1 - prompt(1)
+    lengths = length.lengths_like(tokens)
     st.finished_lengths = torch.take_along_dim(torch.cat((st.finished_lengths, lengths), dim=1), best, dim=1)
     st.is_finished = torch.take_along_dim(torch.cat((st.is_finished, just_finished), dim=1), best, dim=1)
     return parents
 
 
-def _update_improvable(st: BeamState, cur_len: int, s: GenerationSpec) -> None:
-    """transformers' early-stop heuristic, evaluated after `cur_len` was advanced."""
-    if s.early_stopping == "never" and s.length_penalty > 0.0:
-        best_len = s.max_length - 1
-    else:
-        best_len = cur_len - 1
-    best_running = st.running_scores[:, :1] / (best_len**s.length_penalty)
+def update_improvable(st: BeamState, length: HostLength) -> None:
+    """transformers' early-stop heuristic, evaluated after `length` was advanced."""
+    best_running = length.best_running(st.running_scores[:, :1])
     worst_finished = torch.where(
         st.is_finished, torch.min(st.finished_scores, dim=1, keepdim=True)[0], -1.0e9
     )
     st.improvable = st.improvable & torch.any(best_running > worst_finished, dim=-1, keepdim=True)
 
 
+def frozen(st: BeamState, s: GenerationSpec) -> torch.Tensor:
+    """(A,) bool: inputs whose result is frozen, no candidate being able to enter their finished set any more."""
+    return ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
+
+
 def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
     nb = s.num_beams
     device = model.device
-    st = _init_beams(batch, nb, s, device)
+    st = init_beams(batch, nb, s, device)
     results = st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
     result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
     settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
@@ -210,22 +250,23 @@ def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancell
     vocab = model.config.vocab_size
     log_probs_buffer = torch.empty(batch * nb, vocab, dtype=torch.float32, device=device)  # (B*nb, V)
     logits_buffer = None if model.dtype == torch.float32 else torch.empty_like(log_probs_buffer)  # (B*nb, V)
-    cur_len = 1
+    length = HostLength(s)
     while True:
+        cur_len = length.value
         a = st.running.shape[0]
         tokens = st.running[:, :, cur_len - 1].reshape(a * nb, 1)  # (A*nb, 1)
         into = None if logits_buffer is None else logits_buffer[: a * nb]
         logits = model.decode_step(tokens, cross, cache, out=into)  # (A*nb, V)
         log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: a * nb])
         log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], log_probs, s)
-        parents = _beam_step(st, log_probs, cur_len, s)
+        parents = beam_step(st, log_probs, length, s)
         rows = (torch.arange(a, device=device)[:, None] * nb + parents).flatten()  # (A*nb,)
         cache.reorder(rows)
-        cur_len += 1
-        _update_improvable(st, cur_len, s)
+        length.advance()
+        cur_len = length.value
+        update_improvable(st, length)
         model.log_mem("beam step %d", cur_len - 1)
-        # An input's result is frozen once no candidate may enter its finished set any more.
-        done = ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
+        done = frozen(st, s)
         if cur_len >= s.max_length:
             done[:] = True
         newly = done & ~settled

@@ -37,7 +37,8 @@ def uses_onednn(x: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fast: bool) -> torch.Tensor:
     """`x @ weight.T + bias` over (..., K) -> (..., N); `fast` allows oneDNN's kernel (see module docstring)."""
-    if fast and uses_onednn(x) and not torch.is_grad_enabled():
+    # Inductor lowers the direct call only for frozen (constant) weights: a compiled step takes F.linear.
+    if fast and uses_onednn(x) and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 

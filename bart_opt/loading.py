@@ -6,7 +6,10 @@
   `shared` and are dropped; a missing `final_logits_bias` means zeros;
 * the model is built on the meta device and the tensors are assigned, so weights exist once;
   the pages of checkpoint tensors it no longer needs (copied into fused projections, or converted)
-  are handed back to the kernel (`release_pages`).
+  are handed back to the kernel (`release_pages`);
+* the files read are fingerprinted (`bart_opt.fingerprint`) before the weights are read, and
+  checked unchanged after: ``model.fingerprint`` names what was loaded. A damaged weights file
+  (truncated, a broken header) is a `CheckpointError`, not the reader's own exception.
 """
 
 from __future__ import annotations
@@ -16,20 +19,22 @@ import functools
 import mmap
 import os
 from collections.abc import Iterable
+import pickle
 from pathlib import Path
 
 import torch
 from transformers import BartConfig, GenerationConfig
 
 from bart_opt import hardware
+from bart_opt.errors import CheckpointError
+from bart_opt.fingerprint import fingerprint
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TIED_KEYS = ("lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 OPTIONAL_KEYS = ("final_logits_bias",)
 
-
-class CheckpointError(ValueError):
-    """The checkpoint folder is missing files or holds weights that do not fit the config."""
+__all__ = ["CheckpointError", "load_generation_config", "load_pretrained", "normalize_keys", "read_state_dict",
+           "release_pages", "resolve_checkpoint", "weights_file"]
 
 
 def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
@@ -38,7 +43,7 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     if path.is_dir():
         return path
     if path.exists():
-        raise CheckpointError(f"{name_or_path} is a file; expected a checkpoint folder or a hub id")
+        raise CheckpointError("is a file; expected a checkpoint folder or a hub id", name_or_path)
     from huggingface_hub import snapshot_download
 
     try:
@@ -48,23 +53,34 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
                             "tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json"],
         )
     except Exception as err:  # hub errors come in many classes; all mean "could not get it"
-        raise CheckpointError(
-            f"could not find {name_or_path!r} locally or on the hub ({type(err).__name__}: {err})"
-        ) from err
+        raise CheckpointError("no such checkpoint folder here, and no such model on the hub (or it cannot be "
+                              "reached)", name_or_path, detail=f"{type(err).__name__}: {err}") from err
     return Path(folder)
 
 
-def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """Weights of `folder` on CPU, safetensors first."""
-    safetensors_file = folder / WEIGHT_FILES[0]
-    if safetensors_file.exists():
-        from safetensors.torch import load_file
+def weights_file(folder: Path) -> Path:
+    """The weights file of `folder`: model.safetensors, else pytorch_model.bin."""
+    for name in WEIGHT_FILES:
+        if (folder / name).exists():
+            return folder / name
+    raise CheckpointError(f"no weights: expected one of {', '.join(WEIGHT_FILES)}", folder)
 
-        return load_file(str(safetensors_file))
-    bin_file = folder / WEIGHT_FILES[1]
-    if bin_file.exists():
-        return torch.load(str(bin_file), map_location="cpu", weights_only=True)
-    raise CheckpointError(f"{folder} has no weights: expected one of {', '.join(WEIGHT_FILES)}")
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of weights file `path` on CPU; `CheckpointError` when the file is damaged.
+
+    safetensors checks its header against the file (a truncated or lengthened file, a header
+    that is not JSON or declares tensors the bytes do not cover); torch.load fails on a broken pickle.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        if path.suffix == ".safetensors":
+            return load_file(str(path))
+        return torch.load(str(path), map_location="cpu", weights_only=True)
+    except (SafetensorError, pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as error:
+        raise CheckpointError(f"{path.name} is damaged and cannot be read", path.parent, detail=str(error)) from error
 
 
 def normalize_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -90,26 +106,30 @@ def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32, quanti
     with `quantize="int8"`, quantize its layers from the float32 weights, then convert the rest to `dtype`."""
     folder = resolve_checkpoint(name_or_path)
     if not (folder / "config.json").exists():
-        raise CheckpointError(f"{folder} has no config.json")
+        raise CheckpointError("no config.json", folder)
+    weights = weights_file(folder)
+    identity = fingerprint(folder, weights.name)
     config = BartConfig.from_pretrained(str(folder))
     generation_config = load_generation_config(folder, config)
     device = torch.device(device)
     dtype = hardware.choose_dtype(dtype, device).dtype  # "auto" resolved; bfloat16 where it is slow warned once
     with torch.device("meta"):
         model = cls(config, generation_config)
-    state = normalize_keys(read_state_dict(folder))
+    state = normalize_keys(read_state_dict(weights))
+    identity.check_unchanged()
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state) - set(OPTIONAL_KEYS))
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         raise CheckpointError(
-            f"checkpoint {name_or_path} does not fit its config: missing {missing[:8]}, unexpected {unexpected[:8]}"
+            f"the weights do not fit config.json: missing {missing[:8]}, unexpected {unexpected[:8]}", name_or_path
         )
     for key in OPTIONAL_KEYS:
         state.setdefault(key, torch.zeros(expected[key].shape))
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise CheckpointError(f"{key} has shape {tuple(tensor.shape)}; the config implies {tuple(expected[key].shape)}")
+            raise CheckpointError(f"{key} has shape {tuple(tensor.shape)}; config.json implies "
+                                  f"{tuple(expected[key].shape)}", name_or_path)
         state[key] = tensor.to(device=device, dtype=torch.float32 if quantize else dtype)
     model.load_state_dict(state, assign=True, strict=True)
     release_pages(unused_tensors(state.values(), model))
@@ -120,6 +140,7 @@ def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32, quanti
         model.to(dtype)
         trim_heap()
     model.name_or_path = str(name_or_path)
+    model.fingerprint = identity
     return model.eval()
 
 

@@ -27,6 +27,10 @@ float32 does, and in bfloat16 with AVX512-BF16 decoding attention runs through b
 kernel (`bart_opt.native`). Its ids are not transformers' (nor the default's); their agreement
 with float32 is measured and published. On a GPU it is the default mode: there attention makes one
 call for the whole batch, padded keys masked (`bart_opt.packing.attends_per_input`).
+
+`static=True` (not with `exact`) generates with that layout on every device, at fixed shapes and with no
+host syncs between its checks; on CUDA each decoder step is a CUDA graph replay
+(`bart_opt.static_generation`, `bart_opt.graphs`, docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -42,15 +46,17 @@ from torch import nn
 from transformers import BartConfig, GenerationConfig
 
 from bart_opt import native
-from bart_opt.cache import KVCache
+from bart_opt.cache import KVCache, StaticKVCache
 from bart_opt.config import ACTIVATIONS, validate_config
 from bart_opt.cross_attention import (
     BatchedCrossAttention,
     CrossAttention,
     ExactCrossAttention,
     SharedCrossAttention,
+    StaticCrossAttention,
 )
 from bart_opt.generation import Cancelled, generate
+from bart_opt.static_generation import generate_static
 from bart_opt.inputs import check_inputs, shift_right
 from bart_opt.kernels import Linear, linear, uses_onednn
 from bart_opt.loading import load_pretrained
@@ -62,6 +68,7 @@ from bart_opt.spec import GenerationSpec
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
 FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
 LOGITS_CHUNK = 2048  # vocabulary rows per product in exact mode's logits (see `Bart.logits`)
+_EXCLUDES = {"exact": ("fast", "static"), "fast": ("exact",), "static": ("exact",)}  # modes that cannot be on together
 
 
 class Attention(nn.Module):
@@ -77,6 +84,7 @@ class Attention(nn.Module):
 
     exact = False  # set by `Bart.exact`
     fast = False  # set by `Bart.fast`
+    static = False  # set by `Bart.static`
 
     def __init__(self, d_model: int, heads: int, fused: tuple[str, ...] = ("q_proj", "k_proj", "v_proj")):
         super().__init__()
@@ -147,9 +155,9 @@ class Attention(nn.Module):
         nothing at all is computed for padding.
         """
         q, k, v = self.project(x)  # (N, D) each
-        if self.exact or not attends_per_input(x.device):
-            # Exact: transformers' materialized (B, 1, S, S) mask; else (off the CPU) one call for the
-            # batch, whose queries at padding are computed and dropped by `pack`.
+        if self.exact or self.static or not attends_per_input(x.device):
+            # Exact: transformers' materialized (B, 1, S, S) mask; else (off the CPU, or static) one call
+            # for the batch, whose queries at padding are computed and dropped by `pack`.
             mask = packing.square_mask() if self.exact else packing.key_masks()
             q, k, v = (self.split(packing.unpack(t)) for t in (q, k, v))  # (B, H, S, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
@@ -171,6 +179,8 @@ class Attention(nn.Module):
     def step(self, x: torch.Tensor, cache: KVCache, layer: int) -> torch.Tensor:
         """Self-attention of new positions `x` (N, T, D) over everything cached so far plus themselves."""
         q, k, v = (self.split(t) for t in self.project(x))  # (N, H, T, d) each
+        if isinstance(cache, StaticKVCache):  # the static search: fixed shapes, history through a table
+            return self.out_proj(self.merge(cache.attend(layer, q, k, v, self.scaling)))
         k, v = cache.append(layer, k, v)  # (N, H, L, d)
         # T == 1 while decoding: the new token may see every cached position, so no mask is needed.
         if cache.rows is not None:  # indirect (the fast mode): only bart_opt's kernel follows its history table
@@ -287,8 +297,12 @@ class Decoder(nn.Module):
 
     def forward(self, embeds: torch.Tensor, cross: CrossAttention, cache: KVCache | None = None) -> torch.Tensor:
         """(B*beams, T, D) embeddings of positions `cache.length ...` -> (B*beams, T, D) decoder states."""
-        start = POSITION_OFFSET + (cache.length if cache is not None else 0)
-        x = self.layernorm_embedding(embeds.add_(self.embed_positions.weight[start : start + embeds.shape[1]]))
+        if isinstance(cache, StaticKVCache):  # one position, read on the device (a CUDA graph replays it)
+            positions = self.embed_positions.weight.index_select(0, cache.position + POSITION_OFFSET)  # (1, D)
+        else:
+            start = POSITION_OFFSET + (cache.length if cache is not None else 0)
+            positions = self.embed_positions.weight[start : start + embeds.shape[1]]  # (T, D)
+        x = self.layernorm_embedding(embeds.add_(positions))
         for i, layer in enumerate(self.layers):
             x = layer(x, cross, cache, i)
         if cache is not None:
@@ -299,15 +313,22 @@ class Decoder(nn.Module):
 class Bart(LoggingMixin, nn.Module):
     """BART for conditional generation: `forward` gives logits, `generate` gives token ids.
 
-    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=..., quantize=...)`.
+    Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=..., static=...,
+    quantize=...)`.
     `exact` (settable between calls) shapes the arithmetic as transformers shapes it; `fast` (settable
     too) takes the kernels that are faster in half precision at the price of other ids; at most one
-    of the two is on. `quantize="int8"` (at load only) runs the linear layers on int8 weights
-    (`bart_opt.quantize`). See `from_pretrained` and `bart_opt.cross_attention`.
+    of the two is on. `static` (settable, not with `exact`) generates with fixed shapes and no host
+    syncs between checks, in CUDA graphs on CUDA (`bart_opt.static_generation`). See
+    `from_pretrained` and `bart_opt.cross_attention`. `quantize="int8"` (at load only) runs the linear
+    layers on int8 weights (`bart_opt.quantize`).
+    `fingerprint` is the `bart_opt.fingerprint.Fingerprint` of the files `from_pretrained` read
+    (None for a model built otherwise).
     """
 
+    fingerprint = None
+
     def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False,
-                 fast: bool = False):
+                 fast: bool = False, static: bool = False):
         super().__init__()
         validate_config(config)
         self.config = config
@@ -319,8 +340,8 @@ class Bart(LoggingMixin, nn.Module):
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.quantize: str | None = None  # "int8" once `bart_opt.quantize` quantized it (at load)
         self.vocab_int8 = None  # the tied embedding quantized (`bart_opt.quantize.Int8Vocabulary`): `shared` is gone
-        self._exact = self._fast = False
-        self.exact, self.fast = exact, fast
+        self._exact = self._fast = self._static = False
+        self.exact, self.fast, self.static = exact, fast, static
         # Loading (`load_state_dict(assign=True)`) replaces the fused projections' parameters: fuse again.
         self.register_load_state_dict_post_hook(lambda module, _: module.fuse_projections())
 
@@ -355,6 +376,16 @@ class Bart(LoggingMixin, nn.Module):
         self._set_mode("fast", bool(value))
 
     @property
+    def static(self) -> bool:
+        """Whether `generate` runs the static search: fixed shapes, no host syncs between its checks,
+        a CUDA graph per row bucket on CUDA (`bart_opt.static_generation`, `bart_opt.graphs`)."""
+        return self._static
+
+    @static.setter
+    def static(self, value: bool) -> None:
+        self._set_mode("static", bool(value))
+
+    @property
     def mode(self) -> str:
         """"default", "exact" or "fast"; setting it turns the other modes off first."""
         return "exact" if self._exact else "fast" if self._fast else "default"
@@ -369,12 +400,12 @@ class Bart(LoggingMixin, nn.Module):
             self._set_mode(value, True)
 
     def _set_mode(self, name: str, value: bool) -> None:
-        """Set `exact` or `fast` here and on every module that follows it; the two exclude each other."""
-        other = "fast" if name == "exact" else "exact"
+        """Set `exact`, `fast` or `static` here and on every module that follows it; exact excludes the other two."""
         if value and name == "exact":
             check_quantize(self.quantize, self.device, exact=True)  # an int8 model refuses exact mode
-        if value and getattr(self, other):
-            raise ValueError(f"{name} and {other} exclude each other: {other} is on")
+        for other in _EXCLUDES[name]:
+            if value and getattr(self, other):
+                raise ValueError(f"{name} and {other} exclude each other: {other} is on")
         setattr(self, f"_{name}", value)
         for module in self.modules():
             if module is not self and hasattr(module, name):
@@ -390,6 +421,7 @@ class Bart(LoggingMixin, nn.Module):
         dtype: torch.dtype | str | None = torch.float32,
         exact: bool = False,
         fast: bool = False,
+        static: bool = False,
         quantize: str | None = None,
     ) -> Bart:
         """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache).
@@ -417,10 +449,19 @@ class Bart(LoggingMixin, nn.Module):
 
         `dtype` "auto" (or None) resolves through `bart_opt.hardware.choose_dtype`: float16 on CUDA,
         float32 on a CPU; bfloat16 on a CPU without native bfloat16 works, with one warning.
+
+        `static=True` (with the default or `fast`, not with `exact`): `generate` runs with fixed
+        shapes and no host syncs between its checks of whether every input is done (every
+        `bart_opt.static_generation.CHECK_EVERY` steps); on CUDA each decoder step is a CUDA graph
+        replay. Its layout is the default's off the CPU on every device (one attention call for the
+        batch, padded keys masked), so its ids are the default's there, up to near-ties resolved
+        differently (docs/gpu.md publishes how often). `fast` changes nothing in it: the fast
+        mode's own kernels read layouts the static search does not use.
         """
         check_quantize(quantize, torch.device(device), exact)
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype, quantize=quantize)
         model.exact, model.fast = exact, fast
+        model.static = static
         return model
 
     @property
@@ -488,6 +529,8 @@ class Bart(LoggingMixin, nn.Module):
         attns = [layer.encoder_attn for layer in self.decoder.layers]
         if self.exact:
             build = ExactCrossAttention.build
+        elif self.static:
+            build = StaticCrossAttention.build
         elif not attends_per_input(memory.device):
             build = BatchedCrossAttention.build
         else:
@@ -570,6 +613,8 @@ class Bart(LoggingMixin, nn.Module):
         Settings come from `spec`, or default to `self.generation_config` (the checkpoint's
         generation_config.json) with keyword arguments overriding them. Invalid or unsupported
         options raise `bart_opt.InvalidRequest` (a ValueError) naming the option. `cancelled`
-        (polled between decoder steps) stops the rows it returns; see `bart_opt.generation.generate`.
+        (polled between decoder steps) stops the rows it returns; see `bart_opt.generation.generate`
+        (`bart_opt.static_generation.generate_static` with `static`).
         """
-        return generate(self, input_ids, attention_mask, spec, cancelled=cancelled, **generation_kwargs)
+        run = generate_static if self.static else generate
+        return run(self, input_ids, attention_mask, spec, cancelled=cancelled, **generation_kwargs)

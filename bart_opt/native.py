@@ -16,7 +16,7 @@ on the same bfloat16 inputs: a cross-attention call of one input's 4 beams over 
 9.0 -> 0.61 ms (best of 3). It keeps scores, softmax and the weighted sum in float32 and rounds once,
 so it is closer to float32 attention than the flash kernel, which rounds the softmax weights
 to bfloat16 before the second product; but it rounds differently, so the ids it leads to are
-not transformers' bfloat16 ids (see the README's fast-mode agreement).
+not transformers' bfloat16 ids (see docs/fidelity.md, "The fast mode").
 """
 
 from __future__ import annotations

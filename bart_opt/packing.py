@@ -35,8 +35,8 @@ def attends_per_input(device: torch.device) -> bool:
     allows: on a CPU the arithmetic is the cost, and none goes to padding. On a GPU each call is a
     kernel launch of a few microseconds' work, and a decoder step made B of them per layer, which
     made bart_opt slower than transformers there. One call for the batch costs the GPU a little
-    arithmetic on padding and saves B - 1 launches per layer and step (measured on an H200: README,
-    "On a GPU").
+    arithmetic on padding and saves B - 1 launches per layer and step (measured on an H200:
+    docs/benchmarks.md, "GPU: one NVIDIA H200").
     """
     return device.type == "cpu"
 

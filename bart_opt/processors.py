@@ -48,3 +48,55 @@ def process_scores(seqs: torch.Tensor, scores: torch.Tensor, s) -> torch.Tensor:
     if s.forced_eos_token_id is not None and cur_len == s.max_length - 1:
         scores = force_token(scores, list(s.forced_eos_token_id))
     return scores
+
+
+def ban_repeated_ngrams_dense(seqs: torch.Tensor, cur_len: torch.Tensor, scores: torch.Tensor, n: int) -> torch.Tensor:
+    """`ban_repeated_ngrams` at fixed shapes, with no `nonzero` (no host sync): `seqs` (N, L) holds
+    `cur_len` (1,) tokens so far and anything after them; scores (N, V), changed in place.
+
+    Every n-gram window of the whole buffer is compared with the prefix the next token would
+    complete; windows past `cur_len` are masked out. The token completing each window gets
+    -inf (a match) or 0 added by one scatter over the (N, L - n + 1) windows: adding 0 leaves a
+    score as it is, and -inf wins whatever else lands on the same entry, in any order."""
+    if seqs.shape[1] < n:  # no n-gram fits the buffer
+        return scores
+    windows = seqs.unfold(1, n, 1)  # (N, W, n) every n-gram of the buffer
+    prefix_at = (cur_len + torch.arange(1 - n, 0, device=seqs.device)).clamp_(min=0)  # (n-1,) positions
+    prefix = seqs.index_select(1, prefix_at)  # (N, n-1) the n-gram the next token would complete
+    written = torch.arange(windows.shape[1], device=seqs.device) <= cur_len - n  # (W,) windows inside cur_len
+    matches = (windows[..., :-1] == prefix[:, None, :]).all(dim=-1) & written  # (N, W)
+    banned = torch.zeros(matches.shape, dtype=scores.dtype, device=scores.device).masked_fill_(matches, -torch.inf)
+    return scores.scatter_add_(1, windows[..., -1].clamp(min=0), banned)  # a masked window may hold padding (-1)
+
+
+class DeviceProcessors:
+    """`process_scores` at fixed shapes with every condition on the device, for the static search.
+
+    What `process_scores` decides on the host from the current length (the minimum length, the
+    forced first and last tokens) is decided here by tensors on the device, and everything that
+    does not change during a call (EOS ids, the forced rows of scores) is built once, here, rather
+    than at every step. The scores are the same bit for bit.
+    """
+
+    def __init__(self, spec, vocab: int, device):
+        self.spec = spec
+        self.eos = None if spec.eos_token_id is None else torch.tensor(spec.eos_token_id, device=device)  # (E,)
+        self.min_length = spec.eos_token_id is not None and spec.min_length > 0
+        self.forced = {}  # cur_len at which a row is forced -> (V,) 0 at the forced ids, -inf elsewhere
+        for at, ids in ((1, spec.forced_bos_token_id), (spec.max_length - 1, spec.forced_eos_token_id)):
+            if ids is not None:  # a later entry overrides an earlier one at the same length, as in `process_scores`
+                ids = list(ids) if isinstance(ids, tuple) else ids
+                self.forced[at] = force_token(torch.empty(1, vocab, dtype=torch.float32, device=device), ids)[0]
+
+    def __call__(self, seqs: torch.Tensor, cur_len: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """Processed scores (N, V) for next tokens after `seqs` (N, L) at length `cur_len` (1,);
+        `scores` is changed in place, the result may be another tensor."""
+        s = self.spec
+        if s.no_repeat_ngram_size > 0:
+            scores = ban_repeated_ngrams_dense(seqs, cur_len, scores, s.no_repeat_ngram_size)
+        if self.min_length:
+            short = cur_len < s.min_length  # (1,)
+            scores.index_copy_(1, self.eos, scores.index_select(1, self.eos).masked_fill_(short, -torch.inf))
+        for at, row in self.forced.items():
+            scores = torch.where(cur_len == at, row, scores)  # (N, V)
+        return scores

@@ -33,6 +33,7 @@ import torch
 from bart_opt.batching import (
     DEFAULT_OOM_ERRORS, SplitOutcome, collate, plan_batches, run_with_oom_split, trim_pad_columns,
 )
+from bart_opt.checkpoint import check_embeddable, check_tokenizer, load_tokenizer
 from bart_opt.config import resolve_dtype
 from bart_opt.errors import InvalidRequest
 from bart_opt.generation import Cancelled
@@ -167,7 +168,8 @@ class Summarizer:
         fast: bool = False,
         **kwargs,
     ) -> Summarizer:
-        """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id.
+        """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id, and check
+        that they fit together (`bart_opt.checkpoint`: `CheckpointError` otherwise).
 
         `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
         and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
@@ -175,16 +177,15 @@ class Summarizer:
         (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments go to the
         constructor.
         """
-        from transformers import AutoTokenizer
-
         from bart_opt.model import Bart
 
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
         dtype = resolve_dtype(dtype, default=torch.float16 if device.type == "cuda" else torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
         model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact, fast=fast)
+        check_tokenizer(tokenizer, model.config, model.generation_config)
         return cls(model, tokenizer, name=str(name_or_path), max_batch_tokens=max_batch_tokens,
                    max_batch_size=max_batch_size, **kwargs)
 
@@ -192,6 +193,11 @@ class Summarizer:
     def device(self) -> torch.device:
         """The model's device."""
         return self.model.device
+
+    @property
+    def fingerprint(self):
+        """The `bart_opt.fingerprint.Fingerprint` of the checkpoint loaded (None for a model not loaded from files)."""
+        return self.model.fingerprint
 
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
         """Resolve generation overrides over the checkpoint's defaults, once, under this summarizer's
@@ -202,14 +208,16 @@ class Summarizer:
         """Tokenize with the summarization prefix, cutting at the model's positions.
 
         Inputs longer than `max_input_tokens` are truncated the way the tokenizer does
-        (special tokens kept) and flagged. A text that is not a string or cannot be encoded
-        as UTF-8 (a lone surrogate) raises `InvalidRequest` naming ``texts[i]``.
+        (special tokens kept) and flagged. A text that is not a string, cannot be encoded
+        as UTF-8 (a lone surrogate) or spells out a token the model has no embedding for
+        (`check_embeddable`) raises `InvalidRequest` naming ``texts[i]``.
         """
         for i, text in enumerate(texts):
             check_text(text, f"texts[{i}]")
         prefixed = [self.prefix + text for text in texts]
         # One token past the limit tells cut inputs apart without a second full pass.
         probe = self.tokenizer(prefixed, truncation=True, max_length=self.max_input_tokens + 1)["input_ids"]
+        check_embeddable(probe, self.model.config.vocab_size, self.tokenizer)
         long_positions = [i for i, ids in enumerate(probe) if len(ids) > self.max_input_tokens]
         if long_positions:
             cut = self.tokenizer([prefixed[i] for i in long_positions], truncation=True, max_length=self.max_input_tokens)

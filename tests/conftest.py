@@ -5,9 +5,12 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import tempfile
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Checkpoint digests cached in a throwaway file, never in the developer's ~/.cache (bart_opt.fingerprint).
+os.environ.setdefault("BART_OPT_DIGEST_CACHE", os.path.join(tempfile.mkdtemp(prefix="bart_opt_test_"), "digests.json"))
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
@@ -58,3 +61,17 @@ def ray_cluster() -> str:
             atexit.unregister(ray._private.worker.shutdown)  # Ray's exit hook would wait on the same hang
             warnings.warn("the session's Ray instance did not shut down within 60 s; Ray's reaper stops it",
                           stacklevel=1)
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """One throwaway PostgreSQL cluster for the session (`bart_opt.bench.postgres.TempCluster`: initdb and
+    pg_ctl in a temp folder, as the postgres user when root); the tests that need it skip, saying why,
+    only where none can be started on this machine."""
+    from bart_opt.bench.postgres import TempCluster, unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(f"no PostgreSQL server for the PostgreSQL tests: {reason}")
+    with TempCluster() as cluster:
+        yield cluster

@@ -30,7 +30,7 @@ function headers(extra = {}, key = storedKey()) {
   return key ? { ...extra, Authorization: `Bearer ${key}` } : extra;
 }
 
-/** fetch() one API path; JSON in and out (or text with {text: true}). Throws Unauthorized or ApiError. */
+/** fetch() one API path; JSON in and out (or text with {text: true}; null for 204). Throws Unauthorized or ApiError. */
 export async function api(path, { method = "GET", body, text = false, key } = {}) {
   const init = { method, headers: headers(body === undefined ? {} : { "Content-Type": "application/json" }, key) };
   if (body !== undefined) init.body = JSON.stringify(body);
@@ -48,7 +48,22 @@ export async function api(path, { method = "GET", body, text = false, key } = {}
     }
     throw new ApiError(response.status, error);
   }
+  if (response.status === 204) return null;
   return text ? response.text() : response.json();
+}
+
+/** Whether `key` (the stored one by default) opens the API: GET /auth, which needs neither the model nor the jobs database. */
+export async function checkKey(key) {
+  await api("/auth", key === undefined ? {} : { key });
+}
+
+/** The path of one example of a job. An id of "." or ".." (refused at submission since, but possible in an
+ * older job) is no path segment: a browser resolves it away and would fetch another resource. */
+export function examplePath(jobId, exampleId) {
+  if (exampleId === "." || exampleId === "..") {
+    throw new Error(`the example id ${JSON.stringify(exampleId)} cannot be fetched by URL (a browser resolves it away)`);
+  }
+  return `/evaluate/${encodeURIComponent(jobId)}/examples/${encodeURIComponent(exampleId)}`;
 }
 
 /** A job's predictions JSONL as served (`text`) and parsed (`rows`). */

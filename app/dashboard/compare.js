@@ -1,4 +1,5 @@
-// Compare finished jobs on the same dataset: pick two or more (the first picked is the baseline),
+// Compare finished jobs on the same dataset: pick two or more (the first picked is the baseline;
+// older jobs load a page at a time, or one is added by its id),
 // then GET /compare: ROUGE side by side, each run against the baseline with paired-bootstrap and
 // approximate-randomization p-values and the 95% interval of the difference, and the biggest wins
 // and losses with their texts.
@@ -9,8 +10,8 @@ import {
   ROUGE_NAMES, ROUGE_TYPES, describeDataset, describeGeneration, fmt, fmtP, fmtSigned, h, notice, replace, shortId, table,
 } from "./dom.js";
 
-function picker(jobs, selected, metric) {
-  const chosen = [...selected];
+function picker(jobs, selected, metric, more) {
+  const chosen = selected; // shared with the page, so a pick survives loading older jobs
   const order = h("span", { id: "compare-order", "aria-live": "polite" });
   const go = h("button", { type: "submit" }, "Compare selected jobs");
   const metricSelect = h("select", { id: "compare-metric", name: "metric" },
@@ -40,6 +41,7 @@ function picker(jobs, selected, metric) {
     })));
   const form = h("form", { id: "compare-form" },
     jobs.length ? fieldsets : h("p", { class: "muted" }, "No succeeded job yet."),
+    more,
     h("p", {}, "Order: ", order),
     h("div", { class: "toolbar" }, h("label", { for: "compare-metric" }, "Rank examples by"), metricSelect, go));
   form.addEventListener("submit", (event) => {
@@ -122,16 +124,42 @@ export function compareView(main, { fail }, params) {
   replace(main, h("h1", { tabindex: -1 }, "Compare runs"),
     h("p", {}, "Pick two or more succeeded jobs on the same dataset; the first one picked is the baseline."),
     h("section", { class: "card", "aria-label": "Pick jobs" }, pickSlot), resultSlot);
-  (async () => {
+  const jobs = [];
+  let next = "/evaluate?status=succeeded&limit=200";
+  const note = h("span", { class: "muted small", role: "status" });
+  const older = h("button", { type: "button", id: "compare-older", onclick: () => load(next) }, "Load older jobs");
+  const byId = h("input", { id: "compare-add-id", name: "job", autocomplete: "off", placeholder: "job id" });
+  const add = h("button", { type: "button", id: "compare-add", onclick: async () => {
+    const id = byId.value.trim();
+    if (!id) return;
     try {
-      const { jobs } = await api("/evaluate?status=succeeded&limit=200");
+      const job = await api(`/evaluate/${encodeURIComponent(id)}`);
+      if (job.status !== "succeeded") throw new Error(`job ${shortId(id)} is ${job.status}, not succeeded`);
+      if (!jobs.some((known) => known.id === job.id)) jobs.push(job);
+      if (!ids.includes(job.id)) ids.push(job.id);
+      draw();
+    } catch (error) {
+      if (!fail(error, true)) replace(note, error.message);
+    }
+  } }, "Add by id");
+  const draw = () => {
+    older.hidden = !next;
+    replace(pickSlot, picker(jobs, ids, metric, h("div", { class: "toolbar" }, older,
+      h("label", { for: byId.id }, "Job id"), byId, add, note)));
+  };
+  async function load(url) {
+    try {
+      const page = await api(url);
       if (stopped) return;
-      replace(pickSlot, picker(jobs, ids, metric));
+      jobs.push(...page.jobs.filter((job) => !jobs.some((known) => known.id === job.id)));
+      next = page.links.next;
+      draw();
       main.setAttribute("aria-busy", "false");
     } catch (error) {
       fail(error);
     }
-  })();
+  }
+  load(next);
   if (ids.length >= 2) {
     replace(resultSlot, h("p", { class: "muted", role: "status" }, "Comparing…"));
     api(`/compare?jobs=${ids.map(encodeURIComponent).join(",")}&metric=${encodeURIComponent(metric)}`)

@@ -1,7 +1,7 @@
 // One job: its settings and progress, the ROUGE table, the per-example score distribution, memory
 // and device time per batch, the slowest and worst examples, an example viewer, and downloads.
 
-import { api, predictions } from "./api.js";
+import { Unauthorized, api, examplePath, predictions } from "./api.js";
 import { histogram, lineChart } from "./charts.js";
 import {
   ROUGE_NAMES, ROUGE_TYPES, describeDataset, describeGeneration, download, fmt, fmtBytes, fmtSeconds, fmtTime, h,
@@ -105,7 +105,7 @@ function exampleViewer(job, rowsById, order, state) {
     replace(body, h("p", { class: "muted" }, "Loading the article…"));
     let example;
     try {
-      example = await api(`/evaluate/${encodeURIComponent(job.id)}/examples/${encodeURIComponent(id)}`);
+      example = await api(examplePath(job.id, id));
     } catch (error) {
       replace(body, notice(error.message));
       return;
@@ -214,11 +214,21 @@ export function jobView(main, { fail }, id, params) {
     h("button", { type: "button", id: "download-metrics", onclick: () => download(`${id}-metrics.json`,
       JSON.stringify(job, null, 2), "application/json") }, "Download metrics (JSON)"));
 
+  const page = [
+    head,
+    messages,
+    downloads,
+    h("section", { class: "card", "aria-labelledby": "rouge-title" }, h("h2", { id: "rouge-title" }, "ROUGE (0–100, bootstrap 95% interval)"), rougeSlot),
+    h("section", { class: "card", "aria-labelledby": "batch-title" }, h("h2", { id: "batch-title" }, "Memory and device time per batch"), batchSlot),
+    resultSlot,
+  ];
+
   async function refresh() {
     clearTimeout(timer);
     if (stopped) return;
     try {
       job = await api(`/evaluate/${encodeURIComponent(id)}`);
+      if (!main.contains(head)) replace(main, ...page); // the job exists: its page, with its buttons, from now on
       const wait = rows.length > BIG_JOB ? 15_000 : 0;
       const progressChanged = job.status !== lastStatus || (job.progress.done !== shownDone && Date.now() - fetchedAt >= wait);
       if (progressChanged) {
@@ -243,18 +253,19 @@ export function jobView(main, { fail }, id, params) {
       }
       main.setAttribute("aria-busy", "false");
     } catch (error) {
+      if (!job) {
+        // No job to show (unknown id, or the first call failed): the error alone, no page to act on.
+        if (error instanceof Unauthorized || stopped) return;
+        replace(main, h("h1", { tabindex: -1 }, `Job ${shortId(id)}`), notice(error.message));
+        main.setAttribute("aria-busy", "false");
+        return;
+      }
       if (fail(error)) return;
     }
     if (!stopped && job && ACTIVE.has(job.status)) timer = setTimeout(refresh, 1500);
   }
 
-  replace(main,
-    head,
-    messages,
-    downloads,
-    h("section", { class: "card", "aria-labelledby": "rouge-title" }, h("h2", { id: "rouge-title" }, "ROUGE (0–100, bootstrap 95% interval)"), rougeSlot),
-    h("section", { class: "card", "aria-labelledby": "batch-title" }, h("h2", { id: "batch-title" }, "Memory and device time per batch"), batchSlot),
-    resultSlot);
+  replace(main, h("p", { class: "muted" }, "Loading…"));
   refresh();
   return () => {
     stopped = true;

@@ -1,5 +1,6 @@
-// The jobs page: every evaluation job with live progress, ROUGE and a cancel button, and the
-// form that starts a new one. Rows are updated in place, so keyboard focus survives the polling.
+// The jobs page: evaluation jobs with live progress, ROUGE and a cancel button, a page of 200 at a
+// time (Older / Newer follow the listing's links, so every job can be reached), and the form that
+// starts a new one. Rows are updated in place, so keyboard focus survives the polling.
 
 import { api } from "./api.js";
 import { clearErrors, field, generationFieldset, showError } from "./forms.js";
@@ -125,8 +126,15 @@ export function jobsView(main, { fail }) {
   const tbody = h("tbody");
   const empty = h("p", { class: "muted", hidden: true }, "No jobs yet: start one with the form below.");
   const status = h("div", { class: "messages" });
+  const FIRST = "/evaluate?limit=200";
+  let current = FIRST; // the page shown: the newest, or one reached through the links
+  let links = { next: null, prev: null };
   let timer;
   let stopped = false;
+  const go = (url) => { current = url || FIRST; refresh(); };
+  const older = h("button", { type: "button", id: "jobs-older", onclick: () => go(links.next) }, "Older jobs →");
+  const newer = h("button", { type: "button", id: "jobs-newer", onclick: () => go(links.prev) }, "← Newer jobs");
+  const newest = h("button", { type: "button", id: "jobs-newest", onclick: () => go(FIRST) }, "Newest");
 
   async function cancel(id, button) {
     button.disabled = true;
@@ -144,7 +152,12 @@ export function jobsView(main, { fail }) {
     if (stopped) return;
     let active = false;
     try {
-      const { jobs } = await api("/evaluate?limit=200");
+      const page = await api(current);
+      const { jobs } = page;
+      links = page.links;
+      older.disabled = !links.next;
+      newer.disabled = !links.prev;
+      newest.disabled = current === FIRST;
       const seen = new Set();
       jobs.forEach((job, i) => {
         seen.add(job.id);
@@ -172,6 +185,7 @@ export function jobsView(main, { fail }) {
     h("h1", { tabindex: -1 }, "Evaluation jobs"),
     status,
     h("div", { class: "scroll card" }, list),
+    h("nav", { class: "toolbar", "aria-label": "Pages of jobs" }, newest, newer, older),
     empty,
     h("section", { class: "card", "aria-labelledby": "new-job-title" }, h("h2", { id: "new-job-title" }, "New evaluation job"),
       newJobForm(() => refresh())));

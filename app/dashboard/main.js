@@ -1,7 +1,7 @@
 // The dashboard's entry point: the hash router (#/jobs, #/jobs/<id>, #/compare, #/try, #/service),
 // the API-key login, and the error banner. Nothing is shown from the API before it answers 200.
 
-import { Unauthorized, api, forgetKey, storeKey, storedKey } from "./api.js";
+import { Unauthorized, checkKey, forgetKey, storeKey, storedKey } from "./api.js";
 import { compareView } from "./compare.js";
 import { h, notice, replace } from "./dom.js";
 import { jobView } from "./job.js";
@@ -69,7 +69,7 @@ function showLogin(wrong = false) {
     const key = input.value.trim();
     if (!key) return;
     try {
-      await api("/evaluate?limit=1", { key });
+      await checkKey(key);
     } catch (error) {
       replace(slot, notice(error instanceof Unauthorized ? "That API key was refused." : error.message));
       input.select();
@@ -108,7 +108,7 @@ logout.addEventListener("click", () => {
 
 async function start() {
   try {
-    await api("/evaluate?limit=1");
+    await checkKey();
   } catch (error) {
     if (error instanceof Unauthorized) return;
   }

@@ -8,8 +8,8 @@ error on the way discards what was copied and propagates; the job never becomes 
 
 Each record is checked as it passes: a text or reference longer than `max_record_chars`, or
 one that is not valid Unicode (a lone surrogate, which neither the tokenizer nor SQLite can
-take), marks *that record* failed with the reason (it gets an error row when the job runs,
-and no model call); a source with more than `max_records` records is refused.
+take) or holds a NUL character (which PostgreSQL cannot store), marks *that record* failed
+with the reason (it gets an error row when the job runs, and no model call); a source with more than `max_records` records is refused.
 
 `BoundedPool` is where submissions run: a few threads of their own, apart from the request
 threads that ``/summarize`` needs, with a bounded number waiting (`PoolBusy` beyond).
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +27,8 @@ from dataclasses import dataclass
 from itertools import islice
 from typing import Any
 
-from app.jobs.store import JobStore, NewJob, StoredRecord
+from app.jobs.job import Job
+from app.jobs.store import JobStore, NewJob, StoredRecord, StoreError
 from bart_opt.data import Record, RecordStream
 from bart_opt.errors import InvalidRequest
 from bart_opt.summarizer import check_text
@@ -69,12 +69,12 @@ class Intake:
         self.lease_s = lease_s
 
     def load(self, job: NewJob, records: RecordStream,
-             cancelled: threading.Event | None = None) -> tuple[dict, bool]:
+             cancelled: threading.Event | None = None) -> tuple[Job, bool]:
         """Create `job` with the records of `records`; ``(queued job, True)``, or ``(existing, False)``
         when its idempotency key is taken (nothing is read then).
 
         Raises ValueError for bad records (a duplicate id, too many records, what the source
-        raises), `sqlite3.Error` when the store fails, `LoadCancelled` once `cancelled` is set
+        raises), `StoreError` when the store fails, `LoadCancelled` once `cancelled` is set
         (checked at every record); nothing of the job is left behind.
         """
         created, new = self.store.begin(job, self.owner, self.lease_s)
@@ -122,12 +122,15 @@ class Intake:
     def check(self, position: int, record: Record) -> StoredRecord:
         """The record as stored: failed with a reason when it is too long or not valid Unicode.
 
-        Raises ValueError for an id that is not valid Unicode (the record cannot even be named).
+        Raises ValueError for an id that is not valid Unicode or holds a NUL character (the record
+        cannot even be named, nor stored: PostgreSQL's text has no NUL).
         """
         try:
             record.id.encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(f"record at row {position}: its id is not valid Unicode text") from None
+        if "\x00" in record.id:
+            raise ValueError(f"record at row {position}: its id holds a NUL character (U+0000)")
         text, reference = record.text, record.reference
         error = self._problem(text, "text")
         if error is not None:
@@ -147,12 +150,14 @@ class Intake:
             check_text(value, field)
         except InvalidRequest as error:
             return str(error)
+        if "\x00" in value:  # one rule on every backend: PostgreSQL's text cannot hold it
+            return f"the {field} holds a NUL character (U+0000), which the jobs database cannot store"
         return None
 
     def _discard(self, job_id: str) -> None:
         try:
             self.store.discard(job_id)
-        except sqlite3.Error:
+        except StoreError:
             logger.warning("could not discard the partly loaded job %s; it is removed once its lease runs out",
                            job_id, exc_info=True)
 

@@ -5,8 +5,8 @@ the end of a job and its metrics: all as there) with one difference: a job's pen
 to the replicas of a `bart_opt.distributed.ReplicaPool` on the cluster instead of the service's
 device thread, which then serves ``POST /summarize`` alone.
 
-- **Records** are read from the jobs database by Ray Data read tasks pinned to this node (the
-  database is a file here), one per span of about a replica call's records, two at a time, in
+- **Records** are read from the jobs database by Ray Data read tasks pinned to this node (a
+  SQLite database is a file here), one per span of about a replica call's records, two at a time, in
   record order; they ask Ray for no CPU, so the replicas may have them all. Ray Data's
   backpressure bounds what is read ahead.
 - **Results** come back as each replica call returns, a planned batch at a time; each is written in one
@@ -40,6 +40,7 @@ import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
+from app.jobs.job import Job
 from app.jobs.runner import JobRunner, RunnerConfig, _Run
 from app.jobs.store import BatchWrite, JobStore
 from bart_opt.distributed import (
@@ -59,7 +60,7 @@ READ_TASKS = 2  # read tasks at a time (they ask for no CPU, so Ray would not bo
 
 
 class PendingRecords(Datasource):
-    """A job's records without a prediction, read from the jobs database at `db`: one read task per
+    """A job's records without a prediction, read from the jobs database `db` (``BART_OPT_DB``): one read task per
     `span` positions (``0 .. total - 1``), each one block of the pending records in its span.
 
     Ray Data gives a block to one replica call (adding blocks until the call has its batch size),
@@ -131,25 +132,25 @@ class RayJobRunner(JobRunner):
     def _model(self) -> ReplicaPool:
         return self.pool
 
-    def _process(self, job: dict, spec: GenerationSpec) -> bool:
+    def _process(self, job: Job, spec: GenerationSpec) -> bool:
         """Run every pending record on the cluster and store the results; False when the job failed."""
-        run = _Run(job["id"], job["runs"])
+        run = _Run(job.id, job.runs)
         self._live = (run.started, 0)
-        pending = job["total"] - job["done"]
+        pending = job.pending
         if pending <= 0:
             return True
         try:
             placement = self.pool.start()
         except ClusterError as error:
             return self._cluster_failed(run, error)
-        source = PendingRecords(str(self.store.path.resolve()), run.job_id, job["total"],
-                                records_per_call(job["total"], placement.replicas))
+        source = PendingRecords(self.store.location, run.job_id, job.total,
+                                records_per_call(job.total, placement.replicas))
         here = {NODE_ID_LABEL: ray.get_runtime_context().get_node_id()}
         dataset = ray.data.read_datasource(source, num_cpus=0, concurrency=READ_TASKS, label_selector=here)
         feed = _Feed(self._attention)
         feed.start(self.pool.run(dataset, spec, records=pending, stopped=feed.stopping.is_set,
                                  on_status=functools.partial(self._detail, run.job_id)))
-        written = bytearray(job["total"])  # 1 at the positions this run has written
+        written = bytearray(job.total)  # 1 at the positions this run has written
         try:
             while (batch := self._next(feed)) is not None:
                 fresh = [k for k, position in enumerate(batch.positions) if not written[position]]

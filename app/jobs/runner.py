@@ -39,7 +39,6 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import logging
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -47,7 +46,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from app.jobs.store import BatchWrite, JobStore, StoredRecord, describe_store_error
+from app.jobs.job import Job
+from app.jobs.store import BatchWrite, JobStore, StoreConflict, StoredRecord, StoreError, describe_store_error
 from app.service import shown_model
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem
 from bart_opt.baselines import score_baselines
@@ -163,7 +163,7 @@ class JobRunner:
             return
         try:
             mine = self.store.renew(job_id, self.owner, self.config.lease_s)
-        except sqlite3.Error as error:
+        except StoreError as error:
             logger.warning("could not renew the lease of job %s: %s", job_id, describe_store_error(error))
             return
         self._renewed = time.monotonic()
@@ -196,7 +196,7 @@ class JobRunner:
                 continue
             try:
                 job = self.store.claim_next(self.owner, self.config.lease_s)
-            except sqlite3.Error as error:
+            except StoreError as error:
                 delay = min(max(2 * delay, 0.1), 5.0)
                 logger.warning("could not read the job queue (%s); retrying in %.1f s",
                                describe_store_error(error), delay)
@@ -218,22 +218,22 @@ class JobRunner:
             self._stop.wait(0.1)
         return False
 
-    def _run(self, job: dict) -> None:
-        job_id = job["id"]
+    def _run(self, job: Job) -> None:
+        job_id = job.id
         summarizer = self.summarize.summarizer
         with self._lock:
             self._current, self._current_cancelled = job_id, False
         self._renewed = time.monotonic()
         self.on_change()
-        logger.info("job %s: run %d, %d of %d examples done", job_id, job["runs"], job["done"], job["total"])
+        logger.info("job %s: run %d, %d of %d examples done", job_id, job.runs, job.done, job.total)
         try:
-            if job["model"] != summarizer.name:
-                self._store(self.store.fail, job_id, f"the job was submitted for model {shown_model(job['model'])!r} but the "
+            if job.model != summarizer.name:
+                self._store(self.store.fail, job_id, f"the job was submitted for model {shown_model(job.model)!r} but the "
                             f"server now runs {shown_model(summarizer.name)!r}; submit it again", self.owner)
                 return
-            spec = GenerationSpec.from_dict(job["generation"])
+            spec = GenerationSpec.from_dict(job.generation)
             if self._process(job, spec):
-                self._conclude(job_id, job["generation"])
+                self._conclude(job_id, job.generation)
         except _Interrupted:
             self._interrupted(job_id)
         except _StoreDown as down:
@@ -257,7 +257,7 @@ class JobRunner:
                 logger.info("job %s handed back to the queue (the service is stopping)", job_id)
             else:
                 logger.info("job %s stopped: it is no longer ours (cancelled or taken over)", job_id)
-        except sqlite3.Error as error:
+        except StoreError as error:
             logger.warning("could not hand job %s back (%s); it is taken up again once its lease runs out",
                            job_id, describe_store_error(error))
 
@@ -272,17 +272,17 @@ class JobRunner:
         """One attempt to mark the job failed; False when the store refuses."""
         try:
             return self.store.fail(job_id, reason, self.owner)
-        except sqlite3.Error:
+        except StoreError:
             logger.exception("could not mark job %s failed (%s)", job_id, reason)
             return False
 
     # ---- windows and batches -----------------------------------------------------------
 
-    def _process(self, job: dict, spec: GenerationSpec) -> bool:
+    def _process(self, job: Job, spec: GenerationSpec) -> bool:
         """Run and store every pending record, a window at a time; True when all are stored,
         False when the job was failed."""
         self._live = (time.perf_counter(), 0)
-        run = _Run(job["id"], job["runs"])
+        run = _Run(job.id, job.runs)
         after = -1
         while True:
             self._check()
@@ -463,23 +463,23 @@ class JobRunner:
     def _conclude(self, job_id: str, generation: dict) -> None:
         """Every record has a row: ``failed`` when all failed, else ``succeeded`` with the metrics."""
         job = self._store(self.store.get, job_id)
-        if job["done"] != job["total"]:
-            raise RuntimeError(f"job {job_id} has {job['done']} rows for {job['total']} records")
-        if job["failed"] == job["total"]:
+        if job.done != job.total:
+            raise RuntimeError(f"job {job_id} has {job.done} rows for {job.total} records")
+        if job.failed == job.total:
             firsts = self._store(self.store.first_failures, job_id, FIRST_REASONS)
             reasons = "; ".join(f"{example_id!r}: {error}" for example_id, error in firsts)
-            self._store(self.store.fail, job_id, f"all {job['total']} examples failed; the first: {reasons}",
+            self._store(self.store.fail, job_id, f"all {job.total} examples failed; the first: {reasons}",
                         self.owner)
             logger.info("job %s failed: every example failed", job_id)
             return
         model = self._model()
         metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), summarizer=model,
                                                         generation=generation))
-        if job["baselines"]:  # on this thread, on the CPU: the device goes on with other work
+        if job.baselines:  # on this thread, on the CPU: the device goes on with other work
             metrics["baselines"] = self._store(lambda: score_baselines(
-                job["baselines"], lambda: self.store.iter_records(job_id), model.scorer))
+                job.baselines, lambda: self.store.iter_records(job_id), model.scorer))
         if self._store(self.store.finish, job_id, self.owner, metrics):
-            logger.info("job %s succeeded (%d of %d examples failed)", job_id, job["failed"], job["total"])
+            logger.info("job %s succeeded (%d of %d examples failed)", job_id, job.failed, job.total)
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -498,9 +498,9 @@ class JobRunner:
         while True:
             try:
                 return call(*args)
-            except sqlite3.IntegrityError:
+            except StoreConflict:
                 raise
-            except sqlite3.Error as error:
+            except StoreError as error:
                 reason = describe_store_error(error)
                 if time.monotonic() + delay > deadline:
                     raise _StoreDown(reason) from error

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from app.jobs.job import Job
 from app.schemas import GenerationOptions, RougeAggregate
+from app.service import shown_model
 from bart_opt.baselines import BASELINES
 
 BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines
@@ -145,6 +148,13 @@ class BaselineView(BaseModel):
     rouge: RougeAggregate | None
     n_scored: int | None
 
+    @classmethod
+    def of(cls, name: str, metrics: dict | None) -> BaselineView:
+        """Baseline `name` as the API shows it, from its final metrics (None before the job's end)."""
+        if metrics is None:
+            return cls(name=name, rouge=None, n_scored=None)
+        return cls(name=name, rouge=metrics["rouge"], n_scored=metrics["n_scored"])
+
 
 class JobView(BaseModel):
     """An evaluation job as the API shows it."""
@@ -174,8 +184,61 @@ class JobView(BaseModel):
     runs: int
     links: dict[str, str]
 
+    @classmethod
+    def of(cls, job: Job, *, batches: list[dict] | None = None) -> JobView:
+        """The API view of `job`; `batches` (the store's per-batch rows) for the detail view."""
+        metrics = job.metrics or {}
+        rate = job.done / job.active_s if job.done and job.active_s > 0 else None
+        final_memory = metrics.get("memory", {})
+        runtime = metrics.get("runtime_s", job.work_s)
+        return cls(
+            id=job.id,
+            status=job.status,
+            model=shown_model(job.model),
+            dataset=job.dataset,
+            columns=job.columns,
+            limit=job.record_limit,
+            generation=job.generation,
+            created_at=_iso(job.created_at),
+            started_at=_iso(job.started_at),
+            finished_at=_iso(job.finished_at),
+            progress=Progress(done=job.done, failed=job.failed, total=job.total, rate=rate,
+                              eta_s=job.pending / rate if rate and job.active else None),
+            rouge=metrics.get("rouge"),
+            baselines=[BaselineView.of(name, metrics.get("baselines", {}).get(name)) for name in job.baselines],
+            memory=JobMemory(peak_bytes=job.peak_bytes, device=final_memory.get("device"),
+                             peak_source=final_memory.get("peak_source"), batches=batches),
+            timing=JobTiming(
+                runtime_s=runtime,
+                seconds_per_sample=metrics.get("seconds_per_sample", runtime / job.done if job.done else None),
+                active_s=job.active_s,
+                queue_s=job.started_at - job.created_at if job.started_at is not None else None,
+            ),
+            tokens=metrics.get("tokens"),
+            padding=metrics.get("padding"),
+            error=job.error,
+            status_detail=job.status_detail,
+            runs=job.runs,
+            links={"self": f"/evaluate/{job.id}", "predictions": f"/evaluate/{job.id}/predictions",
+                   "errors": f"/evaluate/{job.id}/predictions?errors=only"},
+        )
+
+
+class PageLinks(BaseModel):
+    """The pages around one of ``GET /evaluate`` (None where there is nothing more that way)."""
+
+    next: str | None = Field(description="Older jobs: the next page.")
+    prev: str | None = Field(description="Newer jobs: the page before.")
+
 
 class JobList(BaseModel):
-    """``GET /evaluate``: jobs, newest first (without per-batch memory)."""
+    """``GET /evaluate``: a page of jobs, newest first (without per-batch memory), and its neighbours."""
 
     jobs: list[JobView]
+    links: PageLinks
+
+
+def _iso(timestamp: float | None) -> str | None:
+    if timestamp is None:
+        return None
+    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")

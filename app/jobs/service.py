@@ -12,8 +12,16 @@ A background upkeep thread opens the store (again and again while it cannot, so 
 routes come back without a restart), renews the running job's lease, caches the job counts
 for ``/metrics`` (a scrape runs no SQL) and removes submissions whose loader died.
 
-Errors: a database failure is a 503 saying what is wrong with it (read-only, full, busy)
-and never a path; a file's OS error is a 422 naming the file as the client gave it.
+Several replicas may share one database (PostgreSQL, or one SQLite file on one machine): each
+is an owner (`JobService.owner`, the ``replica`` label of its metrics), any of them answers
+any job's routes, and the counts it reports are the database's.
+
+Errors: a database failure is a 503 saying what is wrong with it (read-only, full, busy,
+unreachable) and never a path or host, with ``Retry-After``; a damaged database (corrupt
+pages: an error that says so, or the check the upkeep thread runs once the store is open,
+`JobStore.verify`) is a 503 without it, since retrying cannot help: from then on this process refuses
+submissions and ``/ready`` says why (`JobService.damaged`) until it is restarted on a
+repaired database. A file's OS error is a 422 naming the file as the client gave it.
 """
 
 from __future__ import annotations
@@ -25,24 +33,24 @@ import logging
 import os
 import re
 import socket
-import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from app.errors import ApiError
 from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
 from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
 from app.jobs.runner import JobRunner, RunnerConfig
-from app.jobs.schema import SchemaTooNew
-from app.jobs.schemas import EvaluateRequest
+from app.jobs.database import PoolLimits, StoreError
+from app.jobs.job import Job
+from app.jobs.listing import Cursor, link, page
+from app.jobs.migrations import SchemaTooNew
+from app.jobs.schemas import EvaluateRequest, JobView
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
-from app.jobs.store import ACTIVE, ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
+from app.jobs.store import ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics
-from app.service import shown_model
 from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.readers import TooLarge
@@ -64,7 +72,9 @@ class JobService:
     def __init__(self, settings: Settings, metrics: Metrics, summarize: SummarizeService) -> None:
         self.settings = settings
         self.summarize = summarize
-        self.store = JobStore(settings.db)
+        pool = PoolLimits(size=settings.db_pool_size, overflow=settings.db_max_overflow,
+                          timeout_s=settings.db_pool_timeout_s, connect_timeout_s=settings.db_connect_timeout_s)
+        self.store = JobStore(settings.db, pool=pool)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._store_ready = threading.Event()
         config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
@@ -83,16 +93,21 @@ class JobService:
         self._pools = {"hub": BoundedPool("bart-opt-hub", workers, workers),
                        "local": BoundedPool("bart-opt-load", workers, workers)}
         self.unavailable: str | None = "the jobs database is being opened"  # why job routes answer 503
+        self.damaged: str | None = None  # why the database cannot be used again without a repair
         self._counts = dict.fromkeys(STATUSES, 0)  # cached for /metrics, refreshed by the upkeep thread
         self._stop = threading.Event()
         self._changed = threading.Event()  # a job changed state here: refresh the cached counts now
         self.runner.on_change = self._changed.set
         self._upkeep = threading.Thread(target=self._upkeep_loop, name="bart-opt-jobs-upkeep", daemon=True)
-        metrics.gauge("jobs_running", "Evaluation jobs running now.").set_function(lambda: self._counts["running"])
-        metrics.gauge("jobs_queued", "Evaluation jobs waiting to run.").set_function(lambda: self._counts["queued"])
+        replica = ("replica",)
+        metrics.gauge("jobs_running", "Evaluation jobs running now, on every replica (from the database).",
+                      replica).labels(self.owner).set_function(lambda: self._counts["running"])
+        metrics.gauge("jobs_queued", "Evaluation jobs waiting to run (from the database).",
+                      replica).labels(self.owner).set_function(lambda: self._counts["queued"])
         metrics.gauge(
-            "job_examples_per_second", "Examples per second of the running evaluation job (0 when none)."
-        ).set_function(self.runner.rate)
+            "job_examples_per_second", "Examples per second of the evaluation job this replica runs (0 when none).",
+            replica,
+        ).labels(self.owner).set_function(self.runner.rate)
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -115,16 +130,18 @@ class JobService:
     def _open_store(self) -> bool:
         try:
             self.store.initialize()
-        except (sqlite3.Error, OSError, SchemaTooNew) as error:
+        except (StoreError, OSError, SchemaTooNew) as error:
             reason = str(error) if isinstance(error, SchemaTooNew) else (
-                describe_store_error(error) if isinstance(error, sqlite3.Error) else
+                describe_store_error(error) if isinstance(error, StoreError) else
                 "the jobs database (BART_OPT_DB) cannot be opened (its folder cannot be created)")
             if reason != self.unavailable:
-                logger.error("evaluation jobs unavailable: %s (%s: %s)", reason, self.store.path, error)
+                logger.error("evaluation jobs unavailable: %s (%s: %r)", reason, self.store.shown, error.__cause__ or error)
             self.unavailable = reason
+            if isinstance(error, StoreError) and error.damaged:
+                self._damaged(error)
             return False
         if self.unavailable is not None:
-            logger.info("jobs database %s open; evaluation jobs available", self.store.path)
+            logger.info("jobs database %s open; evaluation jobs available", self.store.shown)
         self.unavailable = None
         self._store_ready.set()
         return True
@@ -132,35 +149,60 @@ class JobService:
     def _upkeep_loop(self) -> None:
         tick = 0
         every = min(_UPKEEP_S, self.settings.job_lease_s / 3)  # a lease is renewed well before it runs out
+        verified = False
         while not self._stop.is_set():
             self._changed.wait(every)
             self._changed.clear()
             if self._stop.is_set():
                 return
-            if not self._store_ready.is_set() and not self._open_store():
+            if self.damaged is not None or (not self._store_ready.is_set() and not self._open_store()):
                 continue
             self.runner.heartbeat()
             try:
+                if not verified:  # once a process, here rather than at start: it reads the whole file
+                    self.store.verify()
+                    verified = True
                 self._counts = self.store.counts()
                 tick += 1
                 if tick % _STALE_EVERY == 0:
                     for job_id in self.store.discard_stale():
                         logger.warning("removed job %s: its loader stopped before its records were all in", job_id)
-            except sqlite3.Error as error:
+            except StoreError as error:
                 logger.warning("jobs upkeep: %s", describe_store_error(error))
+                if error.damaged:
+                    self._damaged(error)
+
+    def _damaged(self, error: StoreError) -> None:
+        """The database is damaged: stop using it (no claims, no submissions) until a restart."""
+        if self.damaged is None:
+            logger.error("the jobs database %s is damaged; evaluation jobs are off until it is repaired or restored "
+                         "and the server restarted: %r", self.store.shown, error.__cause__)
+        self.damaged = error.reason
+        self._store_ready.clear()
+
+    def check_damaged(self) -> None:
+        """Raise the 503 of a damaged database (for ``/ready``); nothing when it is not known to be."""
+        if self.damaged is not None:
+            raise ApiError(503, "jobs_store_damaged", f"{self.damaged}: evaluation jobs are off; repair or restore "
+                           "the database (BART_OPT_DB) and restart the server")
 
     def _check_available(self) -> None:
+        self.check_damaged()
         if self.unavailable is not None:
             raise ApiError(503, "jobs_unavailable", f"evaluation jobs are unavailable: {self.unavailable}",
                            headers=_RETRY_AFTER)
 
     @contextmanager
     def _store_errors(self) -> Iterator[None]:
-        """A database failure during a route's work becomes a 503 that says what is wrong."""
+        """A database failure during a route's work becomes a 503 that says what is wrong (with
+        ``Retry-After`` unless the database is damaged)."""
         try:
             yield
-        except sqlite3.Error as error:
-            logger.warning("jobs database error: %s", error)
+        except StoreError as error:
+            logger.warning("jobs database error: %s (%r)", error.reason, error.__cause__)
+            if error.damaged:
+                self._damaged(error)
+                self.check_damaged()
             raise ApiError(503, "jobs_store_unavailable", f"{describe_store_error(error)}; retry later",
                            headers=_RETRY_AFTER) from error
 
@@ -224,7 +266,7 @@ class JobService:
                     records.close()
             if not created:
                 return self._replay(job, idempotency_key, request_hash), False
-            logger.debug("job %s from %s", job["id"], where)
+            logger.debug("job %s from %s", job.id, where)
         self.runner.wake()
         self._changed.set()
         return self.view(job), True
@@ -248,7 +290,7 @@ class JobService:
         where = f"dataset.{spec.source}"
         try:
             yield where
-        except (sqlite3.Error, ApiError, LoadCancelled):
+        except (StoreError, ApiError, LoadCancelled):
             raise
         except PathRefused as error:
             raise ApiError(422, "path_not_allowed", f"{where}: {error}", field=where) from error
@@ -284,13 +326,20 @@ class JobService:
         with self._store_errors():
             return self.view(self._job(job_id), detail=True)
 
-    def list(self, status: str | None = None, limit: int = 100) -> dict:
-        """Jobs, newest first, optionally only one status."""
+    def list(self, status: str | None = None, limit: int = 100, before: str | None = None,
+             after: str | None = None) -> dict:
+        """A page of jobs, newest first, optionally only one status, with the links to the pages
+        around it (see `app.jobs.listing`); 422 for a cursor that is not one."""
         self._check_available()
         if status is not None and status not in STATUSES:
             raise ApiError(422, "invalid_request", f"status: must be one of {', '.join(STATUSES)}", field="status")
+        before_cursor, after_cursor = Cursor.parse("before", before), Cursor.parse("after", after)
         with self._store_errors():
-            return {"jobs": [self.view(job) for job in self.store.list(status, limit)]}
+            found = self.store.list(status, limit + 1, before_cursor and before_cursor.key,
+                                    after_cursor and after_cursor.key)
+        jobs, older, newer = page(found, limit, before_cursor, after_cursor)
+        return {"jobs": [self.view(job) for job in jobs],
+                "links": {"next": link(limit, status, "before", older), "prev": link(limit, status, "after", newer)}}
 
     def cancel(self, job_id: str) -> dict:
         """Cancel a queued or running job (its stored predictions stay); 409 when it already ended.
@@ -299,13 +348,13 @@ class JobService:
         """
         with self._store_errors():
             job = self._job(job_id)
-            if job["status"] in ACTIVE and self.store.cancel(job_id):
+            if job.active and self.store.cancel(job_id):
                 self.runner.cancel(job_id)
                 self._changed.set()
                 logger.info("job %s cancelled", job_id)
                 job = self._job(job_id)
-            if job["status"] != "cancelled":
-                raise ApiError(409, "job_finished", f"job {job_id} already {job['status']}; there is nothing to cancel")
+            if job.status != "cancelled":
+                raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel")
             return self.view(job, detail=True)
 
     def prediction_lines(self, job_id: str, errors: str = "include") -> Iterator[str]:
@@ -335,66 +384,32 @@ class JobService:
 
     # ---- helpers -----------------------------------------------------------------------------
 
-    def _job(self, job_id: str) -> dict:
+    def job(self, job_id: str) -> Job:
+        """The job `job_id` as stored; 404 when unknown (or still loading), 503 while the store is down."""
+        with self._store_errors():
+            return self._job(job_id)
+
+    def _job(self, job_id: str) -> Job:
         self._check_available()
         job = self.store.get(job_id)
-        if job is None or job["status"] == "loading":
+        if job is None or job.status == "loading":
             raise ApiError(404, "job_not_found", f"no evaluation job {shown(job_id)}")
         return job
 
-    def _replay(self, job: dict, key: str, request_hash: str) -> dict:
-        if job["request_hash"] != request_hash:
+    def _replay(self, job: Job, key: str, request_hash: str) -> dict:
+        if job.request_hash != request_hash:
             raise ApiError(409, "idempotency_key_reused",
-                           f"Idempotency-Key {key!r} was already used for a different request (job {job['id']})",
+                           f"Idempotency-Key {key!r} was already used for a different request (job {job.id})",
                            field="Idempotency-Key")
-        if job["status"] == "loading":
+        if job.status == "loading":
             raise ApiError(409, "idempotency_key_in_progress",
                            f"a request with Idempotency-Key {key!r} is still loading its dataset; retry shortly",
                            field="Idempotency-Key", headers={"Retry-After": "1"})
         return self.view(job)
 
-    def view(self, job: dict, *, detail: bool = False) -> dict:
-        """The API view of a store row (`detail` adds the per-batch memory list)."""
-        metrics = job["metrics"] or {}
-        done, total, active = job["done"], job["total"], job["active_s"]
-        rate = done / active if done and active > 0 else None
-        eta = (total - done) / rate if rate and job["status"] in ACTIVE else None
-        final_memory = metrics.get("memory", {})
-        memory = {"peak_bytes": job["peak_bytes"], "device": final_memory.get("device"),
-                  "peak_source": final_memory.get("peak_source")}
-        if detail:
-            memory["batches"] = self.store.batches(job["id"])
-        runtime = metrics.get("runtime_s", job["work_s"])
-        links = {"self": f"/evaluate/{job['id']}", "predictions": f"/evaluate/{job['id']}/predictions",
-                 "errors": f"/evaluate/{job['id']}/predictions?errors=only"}
-        return {
-            "id": job["id"],
-            "status": job["status"],
-            "model": shown_model(job["model"]),
-            "dataset": job["dataset"],
-            "columns": job["columns"],
-            "limit": job["record_limit"],
-            "generation": job["generation"],
-            "created_at": _iso(job["created_at"]),
-            "started_at": _iso(job["started_at"]),
-            "finished_at": _iso(job["finished_at"]),
-            "progress": {"done": done, "failed": job["failed"], "total": total, "rate": rate, "eta_s": eta},
-            "rouge": metrics.get("rouge"),
-            "baselines": [_baseline_view(name, metrics.get("baselines", {}).get(name)) for name in job["baselines"]],
-            "memory": memory,
-            "timing": {
-                "runtime_s": runtime,
-                "seconds_per_sample": metrics.get("seconds_per_sample", runtime / done if done else None),
-                "active_s": active,
-                "queue_s": job["started_at"] - job["created_at"] if job["started_at"] is not None else None,
-            },
-            "tokens": metrics.get("tokens"),
-            "padding": metrics.get("padding"),
-            "error": job["error"],
-            "status_detail": job["status_detail"],
-            "runs": job["runs"],
-            "links": links,
-        }
+    def view(self, job: Job, *, detail: bool = False) -> dict:
+        """The API view of `job` (`JobView.of`) as a dict; `detail` adds the per-batch memory list."""
+        return JobView.of(job, batches=self.store.batches(job.id) if detail else None).model_dump()
 
 
 def _hub_problem(hub: str, error: HubUnavailable) -> str:
@@ -409,20 +424,8 @@ def _hub_problem(hub: str, error: HubUnavailable) -> str:
     return f"could not load {hub!r} from the hub; the server log has the reason"
 
 
-def _baseline_view(name: str, metrics: dict | None) -> dict:
-    """A requested baseline as the API shows it (no scores before the job's end)."""
-    if metrics is None:
-        return {"name": name, "rouge": None, "n_scored": None}
-    return {"name": name, "rouge": metrics["rouge"], "n_scored": metrics["n_scored"]}
-
-
 def _hash(body: EvaluateRequest) -> str:
     """A digest of the request as the client meant it (for Idempotency-Key replays)."""
     canonical = json.dumps(body.model_dump(mode="json", exclude_unset=True), sort_keys=True, ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
-
-def _iso(timestamp: float | None) -> str | None:
-    if timestamp is None:
-        return None
-    return datetime.fromtimestamp(timestamp, timezone.utc).isoformat(timespec="milliseconds")

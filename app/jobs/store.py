@@ -1,7 +1,7 @@
-"""SQLite persistence of evaluation jobs: the job, its records, its predictions and its batches.
+"""Persistence of evaluation jobs, on SQLite or PostgreSQL: the job, its records, its predictions and its batches.
 
-One file (``BART_OPT_DB``) shared by every service process that points at it. The tables (see
-`app.jobs.schema`, which versions and migrates them):
+One database (``BART_OPT_DB``, see `app.jobs.database`) shared by every service process (replica)
+that points at it. The tables (see `app.jobs.migrations`, which versions and migrates them):
 
 - ``jobs``: one row per job: status, model, dataset, columns, effective generation settings,
   counters (``done``, ``failed``, ``total``, ``peak_bytes``), the idempotency key, run
@@ -16,7 +16,8 @@ One file (``BART_OPT_DB``) shared by every service process that points at it. Th
 **Submitting streams.** `begin` inserts the job as ``loading`` (owned by the submitting process,
 with a lease), `add_records` appends a chunk of records per transaction, `seal` makes it
 ``queued``; `discard` removes a job whose records turned out bad. A process that dies while
-loading leaves a ``loading`` job whose lease runs out; `discard_stale` removes it.
+loading leaves a ``loading`` job whose lease runs out; `discard_stale` takes it from its
+loader (so a late chunk is refused) and removes it.
 
 **Claiming by lease.** `claim_next` gives the oldest queued job (or a running one whose lease
 expired: its owner died) to one owner, in one write transaction, so several processes never
@@ -25,18 +26,31 @@ runner (`write_batch`, `finish`, `fail` with an owner) checks that the job is st
 *and still its own*, so a process that lost its lease (cancelled, or taken over after a
 stall) cannot add rows. `release` hands a job back cleanly on shutdown (not a stall).
 
-Each finished batch is one transaction (predictions, batch row, counters). The database runs
-in WAL mode with ``synchronous=FULL``: a committed batch survives a kill -9 and a power cut.
-Each thread has its own connection (opened on first use, replaced after an error that may
-have broken it). Errors are `sqlite3.Error`s; `describe_store_error` turns one into words
-a client may see.
+**One code path, two kinds of locking.** Every statement is the same SQL on both backends
+(SQLAlchemy Core, text statements); what makes a check-then-write safe differs:
+
+- SQLite: a write transaction starts with ``BEGIN IMMEDIATE``, which takes the database's one
+  write lock, so nothing changes between a check and the write that follows it.
+- PostgreSQL (READ COMMITTED): a job row that is checked and then written is locked first
+  (``SELECT ... FOR UPDATE``: a cancel from another replica waits for the batch's commit and
+  sees it), and the queue is read with ``FOR UPDATE SKIP LOCKED``, so two replicas claiming at
+  once take two different jobs. Single-statement updates (``UPDATE ... WHERE owner = ...``)
+  re-check their condition on the row they lock, on both.
+
+A failed insert that should not end its transaction runs in a savepoint (PostgreSQL aborts a
+transaction at its first error). Each finished batch is one transaction (predictions, batch
+row, counters); a batch whose commit was sent but not acknowledged (the server went away) is
+recognized when it is written again and not doubled. SQLite runs in WAL mode with
+``synchronous=FULL``, PostgreSQL with its defaults (``fsync``, ``synchronous_commit``): a
+committed batch survives a kill -9 and a power cut. Connections come from a bounded pool
+(`app.jobs.database.PoolLimits`). Errors are `StoreError`s; `describe_store_error` gives their
+words for a client.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -44,11 +58,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app.jobs.schema import migrate
+from sqlalchemy import bindparam, exc, text
+from sqlalchemy.engine import Connection, Row
+
+from app.jobs.database import (
+    PoolLimits, StoreConflict, StoreError, database_url, make_engine, shown_url, store_error, translated,
+)
+from app.jobs.job import ACTIVE, STATUSES, Job
+from app.jobs.migrations import migrate
 from bart_opt.data import Record
 
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "running")
 ERROR_FILTERS = ("include", "only", "exclude")
 
 # A job restarted this many times in a row without finishing a batch is failed, not resumed again
@@ -57,24 +76,11 @@ MAX_STALLED_RUNS = 3
 
 _JSON_COLUMNS = ("dataset", "columns", "generation", "baselines", "metrics")
 _DISCARD_CHUNK = 5000
-_ERROR_PHRASES = {
-    "SQLITE_READONLY": "is read-only",
-    "SQLITE_FULL": "is full (no space left on its disk)",
-    "SQLITE_BUSY": "is busy (locked by another writer)",
-    "SQLITE_LOCKED": "is busy (locked by another writer)",
-    "SQLITE_CANTOPEN": "cannot be opened",
-    "SQLITE_IOERR": "cannot be read or written (an I/O error)",
-    "SQLITE_CORRUPT": "is damaged",
-    "SQLITE_NOTADB": "is not a database",
-    "SQLITE_PERM": "cannot be accessed (permission denied)",
-}
 
 
 def describe_store_error(error: BaseException) -> str:
     """A sentence about a database failure that is safe to show a client (no path, no SQL)."""
-    extended = getattr(error, "sqlite_errorname", None) or ""
-    primary = "_".join(extended.split("_")[:2])  # SQLITE_IOERR_WRITE -> SQLITE_IOERR
-    return f"the jobs database (BART_OPT_DB) {_ERROR_PHRASES.get(primary, 'cannot be used')}"
+    return error.reason if isinstance(error, StoreError) else "the jobs database (BART_OPT_DB) cannot be used"
 
 
 @dataclass
@@ -129,122 +135,119 @@ class BatchWrite:
 
 
 class JobStore:
-    """The jobs database at `path` (created with its folder on `initialize`).
+    """The jobs database at `location` (``BART_OPT_DB``: a file path or a URL, see `app.jobs.database`).
 
-    `connection_factory` is the `sqlite3.Connection` class connections are made from (tests
-    pass a subclass that injects faults); `busy_timeout` is how long a write waits for
-    another writer before failing with SQLITE_BUSY.
+    `pool` bounds its connections. On SQLite, `connection_factory` is the `sqlite3.Connection`
+    class connections are made from (tests pass a subclass that injects faults), and
+    `busy_timeout` how long a write waits for another writer before failing as busy.
     """
 
-    def __init__(self, path: str | Path, *, connection_factory: type[sqlite3.Connection] = sqlite3.Connection,
-                 busy_timeout: float = 15.0):
-        self.path = Path(path)
-        self._factory = connection_factory
+    def __init__(self, location: str | Path, *, pool: PoolLimits = PoolLimits(),
+                 connection_factory: type[sqlite3.Connection] = sqlite3.Connection, busy_timeout: float = 15.0):
+        url = database_url(location)
+        self.sqlite = url.get_backend_name() == "sqlite"
+        if self.sqlite:
+            url = url.set(database=str(Path(url.database).expanduser().absolute()))
+        self.url = url
+        self.shown = shown_url(url)  # for the log: no password
         self._busy_timeout = busy_timeout
-        self._local = threading.local()
-        self._open: set[sqlite3.Connection] = set()
-        self._open_lock = threading.Lock()
+        self.engine = make_engine(url, pool, sqlite_factory=connection_factory, busy_timeout=busy_timeout)
+        # On PostgreSQL a checked row is locked until the write that follows it commits (see the module docstring).
+        self._locked = "" if self.sqlite else " FOR UPDATE"
+        self._skip_locked = "" if self.sqlite else " FOR UPDATE SKIP LOCKED"
+
+    @property
+    def location(self) -> str:
+        """`BART_OPT_DB` for another `JobStore` on the same database, from any folder (with its password)."""
+        return self.url.render_as_string(hide_password=False)
 
     # ---- connections -------------------------------------------------------------------
 
-    def _connection(self) -> sqlite3.Connection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
-                                         check_same_thread=False, factory=self._factory)
-            connection.row_factory = sqlite3.Row
-            connection.execute("PRAGMA synchronous=FULL")
-            self._local.connection = connection
-            with self._open_lock:
-                self._open.add(connection)
-        return connection
-
-    def _drop(self, connection: sqlite3.Connection) -> None:
-        """Forget a connection that failed mid-transaction; the thread's next call opens a new one."""
-        self._local.connection = None
-        with self._open_lock:
-            self._open.discard(connection)
-        try:
-            connection.close()
-        except sqlite3.Error:
-            pass
-
     @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
-        yield self._connection()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction: the write lock up front, commit at the end, rollback on any error."""
-        connection = self._connection()
-        connection.execute("BEGIN IMMEDIATE")
-        try:
+    def _read(self) -> Iterator[Connection]:
+        with translated(), self.engine.connect() as connection:
             yield connection
-            connection.execute("COMMIT")
-        except BaseException:
-            try:
-                if connection.in_transaction:
-                    connection.execute("ROLLBACK")
-            except sqlite3.Error:
-                self._drop(connection)
-            raise
+
+    @contextmanager
+    def _write(self) -> Iterator[Connection]:
+        """One write transaction: the write lock up front on SQLite, commit at the end, rollback on any error."""
+        with translated(), self.engine.connect().execution_options(write=True) as connection, connection.begin():
+            yield connection
 
     def initialize(self) -> None:
-        """Create the folder, enable WAL mode and migrate the schema to the current version."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        connection = self._connection()
-        self._enable_wal(connection)
-        migrate(connection)
+        """Create the folder of a SQLite file and enable WAL mode, then migrate the schema to the
+        current version."""
+        if self.sqlite:
+            Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
+            self._enable_wal()
+        with translated():
+            migrate(self.engine)
 
-    def _enable_wal(self, connection: sqlite3.Connection) -> None:
+    def _enable_wal(self) -> None:
         """Switch the database to WAL mode, waiting up to the busy timeout for other connections.
 
         While another process or thread is opening a database in rollback-journal mode (a new
         file, or one from before WAL), the switch can fail with "database is locked" at once:
         SQLite does not run the busy handler there (it measured 7 of 300 four-way races). So the
-        switch is retried, with a growing pause, until it succeeds or the timeout passes.
+        switch is retried, with a growing pause, until it succeeds or the timeout passes. It runs
+        outside any transaction, on the pooled connection's driver.
         """
         deadline = time.monotonic() + self._busy_timeout
         pause = 0.005
-        while True:
-            try:
-                connection.execute("PRAGMA journal_mode=WAL")
-                return
-            except sqlite3.OperationalError as error:
-                busy = (getattr(error, "sqlite_errorname", None) or "").startswith("SQLITE_BUSY")  # another process
-                left = deadline - time.monotonic()
-                if not busy or left <= 0:
-                    raise
-            time.sleep(min(pause, left))
-            pause = min(2 * pause, 0.25)
+        with translated():
+            pooled = self.engine.raw_connection()
+        try:
+            while True:
+                try:
+                    pooled.driver_connection.execute("PRAGMA journal_mode=WAL")
+                    return
+                except sqlite3.Error as error:
+                    busy = (getattr(error, "sqlite_errorname", None) or "").startswith("SQLITE_BUSY")
+                    left = deadline - time.monotonic()
+                    if not busy or left <= 0:
+                        raise store_error(error) from error
+                time.sleep(min(pause, left))
+                pause = min(2 * pause, 0.25)
+        finally:
+            pooled.close()
+
+    def verify(self) -> None:
+        """Raise a damaged `StoreError` when a SQLite file's pages are corrupt: ``PRAGMA quick_check``
+        reads every page once (about 3 s for 200 MB; writers go on meanwhile). A PostgreSQL server
+        checks its own pages as it reads them (its damage shows as errors), so nothing runs there."""
+        if not self.sqlite:
+            return
+        with self._read() as connection:
+            found = connection.exec_driver_sql("PRAGMA quick_check(1)").scalar_one()
+        if found != "ok":
+            raise StoreError("the jobs database (BART_OPT_DB) is damaged (its integrity check failed)", damaged=True)
 
     def close(self) -> None:
-        """Close every connection this store opened (call once no thread uses it any more)."""
-        with self._open_lock:
-            connections, self._open = self._open, set()
-        for connection in connections:
-            connection.close()
-        self._local = threading.local()
+        """Close every pooled connection (call once no thread uses the store any more)."""
+        self.engine.dispose()
 
     # ---- submitting ----------------------------------------------------------------------
 
-    def begin(self, job: NewJob, owner: str, lease_s: float) -> tuple[dict, bool]:
+    def begin(self, job: NewJob, owner: str, lease_s: float) -> tuple[Job, bool]:
         """Insert `job` as ``loading``, owned by `owner`; returns ``(job, True)``.
 
         When `job.idempotency_key` is already taken, nothing is inserted and the existing job
-        comes back as ``(existing, False)`` (possibly still ``loading``).
+        comes back as ``(existing, False)`` (possibly still ``loading``). Concurrent submissions
+        with one key, on any replicas, make one job: the key is unique in the database.
         """
+        now = time.time()
         try:
             with self._write() as connection:
-                connection.execute(
+                connection.execute(text(
                     "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, dataset, columns,"
                     " record_limit, generation, baselines, total, created_at, owner, lease_until)"
-                    " VALUES (?, ?, ?, 'loading', ?, ?, ?, ?, ?, ?, 0, ?, ?, ?)",
-                    (job.id, job.idempotency_key, job.request_hash, job.model, _dumps(job.dataset),
-                     _dumps(job.columns), job.limit, _dumps(job.generation), _dumps(list(job.baselines)),
-                     time.time(), owner, time.time() + lease_s),
-                )
-        except sqlite3.IntegrityError:
+                    " VALUES (:id, :key, :hash, 'loading', :model, :dataset, :columns, :limit, :generation,"
+                    " :baselines, 0, :now, :owner, :lease)"
+                ), {"id": job.id, "key": job.idempotency_key, "hash": job.request_hash, "model": job.model,
+                    "dataset": _dumps(job.dataset), "columns": _dumps(job.columns), "limit": job.limit,
+                    "generation": _dumps(job.generation), "baselines": _dumps(list(job.baselines)), "now": now,
+                    "owner": owner, "lease": now + lease_s})
+        except StoreConflict:
             existing = self.find_by_key(job.idempotency_key) if job.idempotency_key else None
             if existing is None:
                 raise
@@ -258,49 +261,50 @@ class JobStore:
         Raises `DuplicateId` for an id the job already has or that repeats within `records`.
         """
         with self._write() as connection:
-            if not self._renew(connection, job_id, owner, lease_s, "loading"):
+            if not self._renew(connection, job_id, owner, lease_s, ("loading",)):
                 return False
             try:
-                connection.executemany(
-                    "INSERT INTO records (job_id, position, example_id, text, reference, error)"
-                    " VALUES (?, ?, ?, ?, ?, ?)",
-                    ((job_id, r.position, r.record.id, r.record.text, r.record.reference, r.error) for r in records),
-                )
-            except sqlite3.IntegrityError:
+                with _savepoint(connection):
+                    connection.execute(text(
+                        "INSERT INTO records (job_id, position, example_id, text, reference, error)"
+                        " VALUES (:job, :position, :id, :text, :reference, :error)"
+                    ), [{"job": job_id, "position": r.position, "id": r.record.id, "text": r.record.text,
+                         "reference": r.record.reference, "error": r.error} for r in records])
+            except exc.IntegrityError:
                 raise self._duplicate(connection, job_id, records) from None
         return True
 
     @staticmethod
-    def _duplicate(connection: sqlite3.Connection, job_id: str, records: Sequence[StoredRecord]) -> DuplicateId:
-        """The first repeated id of `records` (in order), against earlier chunks and within this one."""
+    def _duplicate(connection: Connection, job_id: str, records: Sequence[StoredRecord]) -> DuplicateId:
+        """The first repeated id of `records` (in order), against earlier chunks and within this one
+        (this chunk's rows were rolled back with their savepoint)."""
         seen: dict[str, int] = {}
         for stored in records:
             example_id = stored.record.id
-            row = connection.execute(  # earlier chunks only: this one's rows are not rolled back yet
-                "SELECT position FROM records WHERE job_id = ? AND example_id = ? AND position < ?",
-                (job_id, example_id, records[0].position),
-            ).fetchone()
-            first = row[0] if row is not None else seen.get(example_id)
+            first = connection.execute(
+                text("SELECT position FROM records WHERE job_id = :job AND example_id = :id"),
+                {"job": job_id, "id": example_id},
+            ).scalar()
+            first = first if first is not None else seen.get(example_id)
             if first is not None:
                 return DuplicateId(example_id, first, stored.position)
             seen[example_id] = stored.position
         return DuplicateId("?", -1, -1)
 
-    def seal(self, job_id: str, owner: str, total: int) -> dict | None:
+    def seal(self, job_id: str, owner: str, total: int) -> Job | None:
         """Make a ``loading`` job of `owner` ``queued`` with `total` records (None if it is not).
 
         The submission time becomes the moment it was sealed, so it queues after jobs that were
         ready before it.
         """
         with self._write() as connection:
-            changed = connection.execute(
-                "UPDATE jobs SET status = 'queued', total = ?, owner = NULL, lease_until = NULL, created_at = ?"
-                " WHERE id = ? AND status = 'loading' AND owner = ?",
-                (total, time.time(), job_id, owner),
-            ).rowcount
+            changed = connection.execute(text(
+                "UPDATE jobs SET status = 'queued', total = :total, owner = NULL, lease_until = NULL, created_at = :now"
+                " WHERE id = :job AND status = 'loading' AND owner = :owner"
+            ), {"total": total, "now": time.time(), "job": job_id, "owner": owner}).rowcount
         return self.get(job_id) if changed else None
 
-    def create(self, job: NewJob, records: Sequence[Record]) -> tuple[dict, bool]:
+    def create(self, job: NewJob, records: Sequence[Record]) -> tuple[Job, bool]:
         """`begin`, `add_records` and `seal` at once: a queued job with `records` (small jobs, tests)."""
         owner = f"create:{job.id}"
         created, new = self.begin(job, owner, lease_s=60)
@@ -313,54 +317,79 @@ class JobStore:
         """Delete a job, its records and anything else it has, a chunk of records per transaction."""
         while True:
             with self._write() as connection:
-                deleted = connection.execute(
-                    "DELETE FROM records WHERE rowid IN (SELECT rowid FROM records WHERE job_id = ? LIMIT ?)",
-                    (job_id, _DISCARD_CHUNK),
-                ).rowcount
+                deleted = connection.execute(text(
+                    "DELETE FROM records WHERE job_id = :job AND position IN"
+                    " (SELECT position FROM records WHERE job_id = :job ORDER BY position LIMIT :n)"
+                ), {"job": job_id, "n": _DISCARD_CHUNK}).rowcount
             if deleted < _DISCARD_CHUNK:
                 break
         with self._write() as connection:
             for table in ("predictions", "batches", "jobs"):
                 column = "id" if table == "jobs" else "job_id"
-                connection.execute(f"DELETE FROM {table} WHERE {column} = ?", (job_id,))
+                connection.execute(text(f"DELETE FROM {table} WHERE {column} = :job"), {"job": job_id})
 
     def discard_stale(self) -> list[str]:
-        """Discard ``loading`` jobs whose loader died (lease expired); returns their ids."""
-        with self._read() as connection:
-            ids = [row[0] for row in connection.execute(
-                "SELECT id FROM jobs WHERE status = 'loading' AND lease_until < ?", (time.time(),))]
+        """Discard ``loading`` jobs whose loader died (lease expired); returns their ids.
+
+        The jobs are taken from their loaders first (owner cleared, in one statement), so a
+        loader that was only slow gets its next chunk refused instead of writing into a job
+        being deleted; the lease stays expired, so a replica that dies half-way through the
+        deletion leaves a job the next one removes.
+        """
+        with self._write() as connection:
+            ids = list(connection.execute(text(
+                "UPDATE jobs SET owner = NULL WHERE status = 'loading' AND lease_until < :now RETURNING id"
+            ), {"now": time.time()}).scalars())
         for job_id in ids:
             self.discard(job_id)
         return ids
 
     # ---- finding ---------------------------------------------------------------------------
 
-    def get(self, job_id: str) -> dict | None:
-        """The job as a dict (JSON columns decoded), or None."""
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None."""
+        if not _storable(job_id):
+            return None
         with self._read() as connection:
-            row = connection.execute("SELECT * FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            row = connection.execute(text("SELECT * FROM jobs WHERE id = :job"), {"job": job_id}).first()
         return _job(row)
 
-    def find_by_key(self, key: str) -> dict | None:
+    def find_by_key(self, key: str) -> Job | None:
         """The job created with idempotency key `key`, or None."""
         with self._read() as connection:
-            row = connection.execute("SELECT * FROM jobs WHERE idempotency_key = ?", (key,)).fetchone()
+            row = connection.execute(text("SELECT * FROM jobs WHERE idempotency_key = :key"), {"key": key}).first()
         return _job(row)
 
-    def list(self, status: str | None = None, limit: int = 100, offset: int = 0) -> list[dict]:
-        """Jobs, newest first, optionally only those with `status` (``loading`` ones never)."""
-        where, args = ("status = ?", [status]) if status else ("status != 'loading'", [])
+    def list(self, status: str | None = None, limit: int = 100, before: tuple[float, str] | None = None,
+             after: tuple[float, str] | None = None) -> list[Job]:
+        """Jobs newest first (by ``(created_at, id)``), optionally only those with `status` (``loading``
+        ones never): the first `limit` older than the key `before`, or, with `after` alone, the
+        `limit` just newer than `after` (still newest first). Keys come from `JobStore.key`."""
+        where = ["status = :status" if status else "status != 'loading'"]
+        params: dict[str, Any] = {"status": status, "limit": limit}
+        if before is not None:
+            where.append("(created_at < :b_at OR (created_at = :b_at AND id < :b_id))")
+            params.update(b_at=before[0], b_id=before[1])
+        if after is not None:
+            where.append("(created_at > :a_at OR (created_at = :a_at AND id > :a_id))")
+            params.update(a_at=after[0], a_id=after[1])
+        order = "ASC" if after is not None and before is None else "DESC"
         with self._read() as connection:
-            rows = connection.execute(
-                f"SELECT * FROM jobs WHERE {where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
-                (*args, limit, offset),
-            ).fetchall()
-        return [_job(row) for row in rows]
+            rows = connection.execute(text(
+                f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY created_at {order}, id {order} LIMIT :limit"
+            ), params).all()
+        jobs = [_job(row) for row in rows]
+        return jobs[::-1] if order == "ASC" else jobs
+
+    @staticmethod
+    def key(job: Job) -> tuple[float, str]:
+        """The job's place in the listing's order, for `list`'s `before` and `after`."""
+        return job.created_at, job.id
 
     def counts(self) -> dict[str, int]:
         """Number of jobs per status (every status present, 0 when none), from the kept counts."""
         with self._read() as connection:
-            rows = connection.execute("SELECT status, n FROM job_counts").fetchall()
+            rows = connection.execute(text("SELECT status, n FROM job_counts")).all()
         found = {status: n for status, n in rows if status in STATUSES}
         return {**dict.fromkeys(STATUSES, 0), **found}
 
@@ -380,33 +409,34 @@ class JobStore:
 
     def example(self, job_id: str, example_id: str) -> tuple[Record | None, dict | None]:
         """One example of the job: its record and its prediction row (each None when absent)."""
+        if not (_storable(job_id) and _storable(example_id)):
+            return None, None
+        ids = {"job": job_id, "id": example_id}
         with self._read() as connection:
-            record = connection.execute(
-                "SELECT example_id, text, reference FROM records WHERE job_id = ? AND example_id = ?",
-                (job_id, example_id),
-            ).fetchone()
-            row = connection.execute(
-                "SELECT row FROM predictions WHERE job_id = ? AND example_id = ?", (job_id, example_id)
-            ).fetchone()
-        return (Record(*record) if record else None), (json.loads(row[0]) if row else None)
+            record = connection.execute(text(
+                "SELECT example_id, text, reference FROM records WHERE job_id = :job AND example_id = :id"), ids).first()
+            row = connection.execute(text(
+                "SELECT row FROM predictions WHERE job_id = :job AND example_id = :id"), ids).scalar()
+        return (Record(*record) if record else None), (json.loads(row) if row else None)
 
     def iter_records(self, job_id: str, page: int = 500) -> Iterator[Record]:
         """Every record of the job, in order, read a page at a time."""
-        query = "SELECT position, example_id, text, reference FROM records WHERE job_id = ? AND position > ?"
-        for _, example_id, text, reference in self._paged(query, job_id, page):
-            yield Record(example_id, text, reference)
+        query = "SELECT position, example_id, text, reference FROM records WHERE job_id = :job AND position > :after"
+        for _, example_id, text_, reference in self._paged(query, job_id, page):
+            yield Record(example_id, text_, reference)
 
     def _pages(self, job_id: str, condition: str, page: int) -> Iterator[tuple[int, str]]:
-        query = f"SELECT position, row FROM predictions WHERE job_id = ? AND position > ?{condition}"
+        query = f"SELECT position, row FROM predictions WHERE job_id = :job AND position > :after{condition}"
         yield from self._paged(query, job_id, page)
 
-    def _paged(self, query: str, job_id: str, page: int) -> Iterator[tuple]:
-        """The rows of `query` (position first; filtered on ``job_id = ? AND position > ?``) in
-        position order, `page` rows per read transaction."""
+    def _paged(self, query: str, job_id: str, page: int) -> Iterator[Row]:
+        """The rows of `query` (position first; filtered on ``job_id = :job AND position > :after``)
+        in position order, `page` rows per read transaction (no connection is held between pages)."""
         after = -1
         while True:
             with self._read() as connection:
-                rows = connection.execute(f"{query} ORDER BY position LIMIT ?", (job_id, after, page)).fetchall()
+                rows = connection.execute(text(f"{query} ORDER BY position LIMIT :page"),
+                                          {"job": job_id, "after": after, "page": page}).all()
             yield from rows
             if len(rows) < page:
                 return
@@ -415,153 +445,165 @@ class JobStore:
     def first_failures(self, job_id: str, n: int) -> list[tuple[str, str]]:
         """``(example id, error)`` of the job's first `n` failed examples, in record order."""
         with self._read() as connection:
-            rows = connection.execute(
-                "SELECT example_id, json_extract(row, '$.error') FROM predictions WHERE job_id = ? AND failed = 1"
-                " ORDER BY position LIMIT ?",
-                (job_id, n),
-            ).fetchall()
-        return [(row[0], row[1]) for row in rows]
+            rows = connection.execute(text(
+                "SELECT example_id, row FROM predictions WHERE job_id = :job AND failed = 1 ORDER BY position LIMIT :n"
+            ), {"job": job_id, "n": n}).all()
+        return [(example_id, json.loads(row)["error"]) for example_id, row in rows]
 
     def batches(self, job_id: str) -> list[dict]:
         """The job's finished batches in order: batch, run, size, peak_bytes, seconds, queue_s."""
         with self._read() as connection:
-            rows = connection.execute(
-                "SELECT batch, run, size, peak_bytes, seconds, queue_s FROM batches WHERE job_id = ? ORDER BY batch",
-                (job_id,),
-            ).fetchall()
-        return [dict(row) for row in rows]
+            rows = connection.execute(text(
+                "SELECT batch, run, size, peak_bytes, seconds, queue_s FROM batches WHERE job_id = :job ORDER BY batch"
+            ), {"job": job_id}).all()
+        return [dict(row._mapping) for row in rows]
 
     def pending(self, job_id: str, after: int, max_records: int, max_chars: int) -> list[StoredRecord]:
         """The next records after position `after` without a prediction, in order: at most
-        `max_records`, and no more once their texts reach `max_chars` characters (at least one)."""
+        `max_records`, and no more once their texts reach `max_chars` characters (at least one).
+        Rows are fetched a few at a time (a server-side cursor on PostgreSQL)."""
         found: list[StoredRecord] = []
         chars = 0
         with self._read() as connection:
-            cursor = connection.execute(
+            result = connection.execution_options(stream_results=True, yield_per=16).execute(text(
                 "SELECT position, example_id, text, reference, error FROM records AS r"
-                " WHERE job_id = ? AND position > ? AND NOT EXISTS"
+                " WHERE job_id = :job AND position > :after AND NOT EXISTS"
                 " (SELECT 1 FROM predictions AS p WHERE p.job_id = r.job_id AND p.example_id = r.example_id)"
-                " ORDER BY position",
-                (job_id, after),
-            )
+                " ORDER BY position LIMIT :n"
+            ), {"job": job_id, "after": after, "n": max_records})
             try:
-                for position, example_id, text, reference, error in cursor:
-                    found.append(StoredRecord(position, Record(example_id, text, reference), error))
-                    chars += len(text)
-                    if len(found) >= max_records or chars >= max_chars:
+                for position, example_id, text_, reference, error in result:
+                    found.append(StoredRecord(position, Record(example_id, text_, reference), error))
+                    chars += len(text_)
+                    if chars >= max_chars:
                         break
             finally:
-                cursor.close()
+                result.close()
         return found
 
     # ---- the runner's transitions ------------------------------------------------------
 
-    def claim_next(self, owner: str, lease_s: float) -> dict | None:
+    def claim_next(self, owner: str, lease_s: float) -> Job | None:
         """Give `owner` the oldest claimable job, marked ``running`` under its lease (None when none).
 
         Claimable: queued, or running under a lease that expired (its owner stopped renewing:
         it died) or under `owner`'s own (a job this process dropped while the store was down).
         A job whose previous runs finished no batch `MAX_STALLED_RUNS` times in a row is failed
-        instead, and the next one is tried. A run that was released cleanly is no stall.
+        instead, and the next one is tried. A run that was released cleanly is no stall. On
+        PostgreSQL a job another replica is claiming is skipped (``SKIP LOCKED``), not waited for.
         """
         now = time.time()
         with self._write() as connection:
             while True:
-                row = connection.execute(
+                row = connection.execute(text(
                     "SELECT * FROM jobs WHERE status = 'queued' OR (status = 'running' AND"
-                    " (lease_until IS NULL OR lease_until < ? OR owner = ?)) ORDER BY created_at, id LIMIT 1",
-                    (now, owner),
-                ).fetchone()
+                    " (lease_until IS NULL OR lease_until < :now OR owner = :owner)) ORDER BY created_at, id LIMIT 1"
+                    + self._skip_locked
+                ), {"now": now, "owner": owner}).first()
                 if row is None:
                     return None
-                resumed, at_start = row["runs"] > 0, row["done_at_start"]
-                if not resumed or (at_start is not None and row["done"] > at_start):
+                job = row._mapping
+                resumed, at_start = job["runs"] > 0, job["done_at_start"]
+                if not resumed or (at_start is not None and job["done"] > at_start):
                     stalled = 0
                 elif at_start is None:
-                    stalled = row["stalled_runs"]
+                    stalled = job["stalled_runs"]
                 else:
-                    stalled = row["stalled_runs"] + 1
+                    stalled = job["stalled_runs"] + 1
                 if stalled >= MAX_STALLED_RUNS:
                     reason = (f"the server stopped {stalled} times in a row while running this job without "
                               "finishing a batch; not resuming it again")
-                    connection.execute(
-                        "UPDATE jobs SET status = 'failed', error = ?, finished_at = ?, owner = NULL,"
-                        " lease_until = NULL WHERE id = ?",
-                        (reason, now, row["id"]),
-                    )
+                    connection.execute(text(
+                        "UPDATE jobs SET status = 'failed', error = :reason, finished_at = :now, owner = NULL,"
+                        " lease_until = NULL WHERE id = :job"
+                    ), {"reason": reason, "now": now, "job": job["id"]})
                     continue
-                connection.execute(
-                    "UPDATE jobs SET status = 'running', runs = runs + 1, stalled_runs = ?, done_at_start = done,"
-                    " started_at = COALESCE(started_at, ?), owner = ?, lease_until = ?, status_detail = NULL"
-                    " WHERE id = ?",
-                    (stalled, now, owner, now + lease_s, row["id"]),
-                )
-                job = _job(connection.execute("SELECT * FROM jobs WHERE id = ?", (row["id"],)).fetchone())
-                return job
+                connection.execute(text(
+                    "UPDATE jobs SET status = 'running', runs = runs + 1, stalled_runs = :stalled, done_at_start = done,"
+                    " started_at = COALESCE(started_at, :now), owner = :owner, lease_until = :lease,"
+                    " status_detail = NULL WHERE id = :job"
+                ), {"stalled": stalled, "now": now, "owner": owner, "lease": now + lease_s, "job": job["id"]})
+                return _job(connection.execute(text("SELECT * FROM jobs WHERE id = :job"), {"job": job["id"]}).first())
 
     def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Extend `owner`'s lease on a running or loading job; False when it is no longer its own."""
         with self._write() as connection:
-            return self._renew(connection, job_id, owner, lease_s, "running", "loading")
+            return self._renew(connection, job_id, owner, lease_s, ("running", "loading"))
 
     @staticmethod
-    def _renew(connection: sqlite3.Connection, job_id: str, owner: str, lease_s: float, *statuses: str) -> bool:
-        marks = ", ".join("?" * len(statuses))
-        return connection.execute(
-            f"UPDATE jobs SET lease_until = ? WHERE id = ? AND owner = ? AND status IN ({marks})",
-            (time.time() + lease_s, job_id, owner, *statuses),
-        ).rowcount == 1
+    def _renew(connection: Connection, job_id: str, owner: str, lease_s: float, statuses: tuple[str, ...]) -> bool:
+        statement = text("UPDATE jobs SET lease_until = :lease WHERE id = :job AND owner = :owner AND status IN :statuses")
+        return connection.execute(statement.bindparams(bindparam("statuses", expanding=True)), {
+            "lease": time.time() + lease_s, "job": job_id, "owner": owner, "statuses": list(statuses)}).rowcount == 1
 
     def set_detail(self, job_id: str, owner: str, detail: str | None) -> bool:
         """Say what a running job of `owner` waits for or runs on (``status_detail``); False if it is not."""
         with self._write() as connection:
-            return connection.execute(
-                "UPDATE jobs SET status_detail = ? WHERE id = ? AND owner = ? AND status = 'running'",
-                (detail, job_id, owner),
-            ).rowcount == 1
+            return connection.execute(text(
+                "UPDATE jobs SET status_detail = :detail WHERE id = :job AND owner = :owner AND status = 'running'"
+            ), {"detail": detail, "job": job_id, "owner": owner}).rowcount == 1
 
     def release(self, job_id: str, owner: str) -> bool:
         """Hand a running job of `owner` back to the queue on a clean stop (no stall is counted)."""
         with self._write() as connection:
-            return connection.execute(
+            return connection.execute(text(
                 "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, status_detail = NULL,"
                 " stalled_runs = CASE WHEN done > COALESCE(done_at_start, done) THEN 0 ELSE stalled_runs END,"
-                " done_at_start = NULL WHERE id = ? AND owner = ? AND status = 'running'",
-                (job_id, owner),
-            ).rowcount == 1
+                " done_at_start = NULL WHERE id = :job AND owner = :owner AND status = 'running'"
+            ), {"job": job_id, "owner": owner}).rowcount == 1
 
     def write_batch(self, job_id: str, owner: str, batch: BatchWrite) -> bool:
         """Store prediction rows in one transaction; False (nothing written) unless the job is
-        running under `owner`."""
-        rows = batch.rows
+        running under `owner`.
+
+        A batch this run already stored whole (its commit went through, but the answer was lost
+        with the connection, and the runner wrote it again) is recognized and not written twice;
+        any other row that already exists raises `StoreConflict`, and nothing is written.
+        """
         with self._write() as connection:
-            found = connection.execute("SELECT status, owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
-            if found is None or found["status"] != "running" or found["owner"] != owner:
+            found = connection.execute(text("SELECT status, owner FROM jobs WHERE id = :job" + self._locked),
+                                       {"job": job_id}).first()
+            if found is None or found.status != "running" or found.owner != owner:
                 return False
-            number = -1
-            if batch.model_call:
-                number = connection.execute(
-                    "SELECT COALESCE(MAX(batch), -1) + 1 FROM batches WHERE job_id = ?", (job_id,)
-                ).fetchone()[0]
-                connection.execute(
-                    "INSERT INTO batches (job_id, batch, run, size, peak_bytes, seconds, queue_s, finished_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job_id, number, batch.run, len(rows), batch.peak_bytes, batch.seconds, batch.queue_s,
-                     time.time()),
-                )
-            connection.executemany(
-                "INSERT INTO predictions (job_id, example_id, position, batch, run, row, failed)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                ((job_id, row["id"], position, number, batch.run, _dumps(row), int(row["error"] is not None))
-                 for row, position in zip(rows, batch.positions)),
-            )
-            connection.execute(
-                "UPDATE jobs SET done = done + ?, failed = failed + ?, work_s = work_s + ?, active_s = active_s + ?,"
-                " peak_bytes = MAX(peak_bytes, ?) WHERE id = ?",
-                (len(rows), sum(row["error"] is not None for row in rows), sum(row["seconds"] for row in rows),
-                 batch.active_s, batch.peak_bytes, job_id),
-            )
+            try:
+                with _savepoint(connection):
+                    self._insert_batch(connection, job_id, batch)
+            except exc.IntegrityError as error:
+                if not self._written_before(connection, job_id, batch):
+                    raise store_error(error) from error
         return True
+
+    def _insert_batch(self, connection: Connection, job_id: str, batch: BatchWrite) -> None:
+        rows, number = batch.rows, -1
+        if batch.model_call:
+            number = connection.execute(text("SELECT COALESCE(MAX(batch), -1) + 1 FROM batches WHERE job_id = :job"),
+                                        {"job": job_id}).scalar_one()
+            connection.execute(text(
+                "INSERT INTO batches (job_id, batch, run, size, peak_bytes, seconds, queue_s, finished_at)"
+                " VALUES (:job, :batch, :run, :size, :peak, :seconds, :queue, :now)"
+            ), {"job": job_id, "batch": number, "run": batch.run, "size": len(rows), "peak": batch.peak_bytes,
+                "seconds": batch.seconds, "queue": batch.queue_s, "now": time.time()})
+        connection.execute(text(
+            "INSERT INTO predictions (job_id, example_id, position, batch, run, row, failed)"
+            " VALUES (:job, :id, :position, :batch, :run, :row, :failed)"
+        ), [{"job": job_id, "id": row["id"], "position": position, "batch": number, "run": batch.run,
+             "row": _dumps(row), "failed": int(row["error"] is not None)} for row, position in zip(rows, batch.positions)])
+        connection.execute(text(
+            "UPDATE jobs SET done = done + :n, failed = failed + :failed, work_s = work_s + :work,"
+            " active_s = active_s + :active,"
+            " peak_bytes = CASE WHEN peak_bytes > :peak THEN peak_bytes ELSE :peak END WHERE id = :job"
+        ), {"n": len(rows), "failed": sum(row["error"] is not None for row in rows),
+            "work": sum(row["seconds"] for row in rows), "active": batch.active_s, "peak": batch.peak_bytes,
+            "job": job_id})
+
+    @staticmethod
+    def _written_before(connection: Connection, job_id: str, batch: BatchWrite) -> bool:
+        """Whether every row of `batch` is already stored, by the same run (a batch written twice)."""
+        statement = text("SELECT COUNT(*) FROM predictions WHERE job_id = :job AND run = :run AND example_id IN :ids")
+        ids = [row["id"] for row in batch.rows]
+        found = connection.execute(statement.bindparams(bindparam("ids", expanding=True)),
+                                   {"job": job_id, "run": batch.run, "ids": ids}).scalar_one()
+        return found == len(set(ids))
 
     def finish(self, job_id: str, owner: str, metrics: dict) -> bool:
         """Mark a running job of `owner` ``succeeded`` with its final metrics; False if it is not."""
@@ -573,33 +615,57 @@ class JobStore:
         return self._transition(job_id, ACTIVE, "failed", owner=owner, error=reason)
 
     def cancel(self, job_id: str) -> bool:
-        """Mark a queued or running job ``cancelled``; False if it had already ended."""
+        """Mark a queued or running job ``cancelled``; False if it had already ended. Its owner, on
+        any replica, stops at its next write or lease renewal, which are refused from now on."""
         return self._transition(job_id, ACTIVE, "cancelled")
 
     def _transition(self, job_id: str, allowed: Sequence[str], status: str, owner: str | None = None,
                     **columns: Any) -> bool:
-        assignments = "".join(f", {name} = ?" for name in columns)
-        marks = ", ".join("?" * len(allowed))
-        mine = " AND owner = ?" if owner is not None else ""
+        assignments = "".join(f", {name} = :{name}" for name in columns)
+        mine = " AND owner = :owner" if owner is not None else ""
+        statement = text(
+            "UPDATE jobs SET status = :status, finished_at = :now, owner = NULL, lease_until = NULL,"
+            f" status_detail = NULL{assignments} WHERE id = :job AND status IN :allowed{mine}"
+        ).bindparams(bindparam("allowed", expanding=True))
         with self._write() as connection:
-            changed = connection.execute(
-                f"UPDATE jobs SET status = ?, finished_at = ?, owner = NULL, lease_until = NULL, status_detail = NULL"
-                f"{assignments}"
-                f" WHERE id = ? AND status IN ({marks}){mine}",
-                (status, time.time(), *columns.values(), job_id, *allowed, *([owner] if owner is not None else [])),
-            ).rowcount
+            changed = connection.execute(statement, {"status": status, "now": time.time(), **columns, "job": job_id,
+                                                     "allowed": list(allowed), "owner": owner}).rowcount
         return changed == 1
+
+
+@contextmanager
+def _savepoint(connection: Connection) -> Iterator[None]:
+    """Inserts that a constraint may refuse without ending the transaction: on a violation, what they
+    wrote is undone and the transaction goes on (on PostgreSQL it would otherwise be aborted).
+    Any other error is left to the transaction's rollback (SQLite may have rolled it back itself)."""
+    connection.exec_driver_sql("SAVEPOINT inserts")
+    try:
+        yield
+    except exc.IntegrityError:
+        connection.exec_driver_sql("ROLLBACK TO SAVEPOINT inserts")
+        raise
+    connection.exec_driver_sql("RELEASE SAVEPOINT inserts")
 
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def _job(row: sqlite3.Row | None) -> dict | None:
+def _storable(value: str) -> bool:
+    """Whether `value` could be stored at all: valid Unicode without NUL (which PostgreSQL's text cannot
+    hold), so that looking up a hostile id finds nothing instead of failing."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
+
+
+def _job(row: Row | None) -> Job | None:
     if row is None:
         return None
-    job = dict(row)
+    job = dict(row._mapping)
     for column in _JSON_COLUMNS:
         if job[column] is not None:
             job[column] = json.loads(job[column])
-    return job
+    return Job.from_row(job)

@@ -8,6 +8,7 @@ it in the tab's ``sessionStorage`` and sends it as ``Authorization: Bearer`` on 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from fastapi import APIRouter
@@ -16,9 +17,9 @@ from fastapi.responses import FileResponse
 from app.errors import ApiError
 
 DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
-_MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 # The files served, fixed at import: a name that is not one of them is a 404, never a path lookup.
-ASSETS = {path.name: path for path in sorted(DASHBOARD_DIR.iterdir()) if path.suffix in _MEDIA_TYPES}
+ASSETS = {path.name: path for path in sorted(DASHBOARD_DIR.iterdir()) if path.suffix in MEDIA_TYPES}
 SECURITY_HEADERS = {
     "Content-Security-Policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
@@ -41,7 +42,12 @@ async def page() -> FileResponse:
 @router.get("/dashboard/{name}")
 async def asset(name: str) -> FileResponse:
     """One of the page's scripts, styles or images."""
-    path = ASSETS.get(name)
+    return shipped_file(ASSETS, name, "dashboard")
+
+
+def shipped_file(files: Mapping[str, Path], name: str, what: str) -> FileResponse:
+    """The file `name` of the fixed table `files` (a 404 for any other name), with the pages' security headers."""
+    path = files.get(name)
     if path is None:
-        raise ApiError(404, "not_found", f"no dashboard file {name!r}")
-    return FileResponse(path, media_type=_MEDIA_TYPES[path.suffix], headers=SECURITY_HEADERS)
+        raise ApiError(404, "not_found", f"no {what} file {name!r}")
+    return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=SECURITY_HEADERS)

@@ -8,6 +8,8 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from app.errors import ApiError
+from app.jobs.listing import MAX_CURSOR_CHARS
 from app.jobs.schemas import EvaluateRequest, JobList, JobView
 from app.jobs.service import JobService
 
@@ -51,14 +53,25 @@ async def submit(
     return view
 
 
-@router.get("/evaluate", response_model=JobList, responses={401: _ERRORS[401]})
+_CURSOR = Query(max_length=MAX_CURSOR_CHARS, description="A cursor from a page's links; not made by hand.")
+
+
+@router.get("/evaluate", response_model=JobList, responses={401: _ERRORS[401], 422: {"description": "Bad cursor"}})
 async def list_jobs(
     request: Request,
     status: str | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[str | None, _CURSOR] = None,
+    after: Annotated[str | None, _CURSOR] = None,
+    offset: Annotated[str | None, Query(include_in_schema=False)] = None,
 ) -> dict:
-    """Jobs, newest first; ``?status=running`` filters."""
-    return await run_in_threadpool(_jobs(request).list, status, limit)
+    """A page of jobs, newest first; ``?status=running`` filters. ``links.next`` is the page of
+    older jobs (``?before=CURSOR``), ``links.prev`` of newer ones (``?after=CURSOR``): following
+    them reaches every job."""
+    if offset is not None:
+        raise ApiError(422, "invalid_request", "offset: not supported; follow links.next of a page "
+                       "(?before=CURSOR) to reach older jobs", field="offset")
+    return await run_in_threadpool(_jobs(request).list, status, limit, before, after)
 
 
 @router.get("/evaluate/{job_id}", response_model=JobView, responses=_ERRORS)

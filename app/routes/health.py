@@ -1,39 +1,77 @@
 """``GET /health`` (liveness) and ``GET /ready`` (readiness); both open without an API key.
 
 ``/health`` is 503 only when the process cannot serve again without a restart: the device
-worker died. A model that failed to load keeps ``/health`` at 200 (a restart with the same
-settings fails the same way; ``/ready`` says why it is not ready).
+worker died, or it holds nearly all the file descriptors it may (``descriptors_exhausted``,
+at ``BART_OPT_FD_UNHEALTHY_FRACTION`` of ``RLIMIT_NOFILE``; the use is in every answer). A
+model that failed to load keeps ``/health`` at 200 (a restart with the same settings fails
+the same way; ``/ready`` says why it is not ready). A ready ``/ready`` names the checkpoint by
+its fingerprint (`bart_opt.fingerprint`) and lists the operator faults in effect
+(`app.startup`); it is 503 while the jobs database is damaged (``jobs_store_damaged``, with
+the reason).
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+
+from app import startup
+from app.descriptors import descriptor_use
+from app.errors import ApiError
 
 router = APIRouter(tags=["health"])
 
 
+class Descriptors(BaseModel):
+    open: int
+    limit: int
+
+
 class Health(BaseModel):
     status: str
+    descriptors: Descriptors | None = None
+
+
+class ReadyWarning(BaseModel):
+    """An operator fault that disables one thing (``code``, e.g. ``data_dir_missing``); ``message`` says what."""
+
+    code: str
+    message: str
 
 
 class Ready(BaseModel):
     status: str
     model: str
     device: str
+    fingerprint: str | None = Field(
+        description="sha256 over the checkpoint's files as loaded (weights, config, generation config, tokenizer)")
+    warnings: list[ReadyWarning] = Field(description="Operator faults in effect; the service runs without what they name")
 
 
-@router.get("/health", response_model=Health, responses={503: {"description": "The device worker died; restart"}})
+@router.get("/health", response_model=Health,
+            responses={503: {"description": "The device worker died, or nearly every file descriptor is taken; restart"}})
 async def health(request: Request) -> dict:
-    """200 while the process can serve; 503 (code ``worker_dead``) once the device worker has died."""
+    """200 while the process can serve; 503 (code ``worker_dead``) once the device worker has died,
+    (``descriptors_exhausted``) once its open descriptors reach the unhealthy fraction of its limit."""
     request.app.state.service.check_alive()
-    return {"status": "ok"}
+    use = descriptor_use()
+    fraction = request.app.state.settings.fd_unhealthy_fraction
+    if use is not None and use.near_limit(fraction):
+        raise ApiError(503, "descriptors_exhausted", f"the process holds {use.open} of the {use.limit} file "
+                       f"descriptors it may open (unhealthy from {fraction:.0%}: BART_OPT_FD_UNHEALTHY_FRACTION); "
+                       "restart it")
+    return {"status": "ok", "descriptors": None if use is None else {"open": use.open, "limit": use.limit}}
 
 
 @router.get("/ready", response_model=Ready,
-            responses={503: {"description": "Model loading, failed to load, worker dead, or shutting down"}})
+            responses={503: {"description": "Model loading, failed to load, worker dead, shutting down, or the jobs "
+                                            "database damaged"}})
 async def ready(request: Request) -> dict:
     """200 once the model is loaded and the worker takes requests; 503 with the reason otherwise."""
     service = request.app.state.service
     service.check_ready()
-    return {"status": "ready", "model": service.model_name, "device": str(service.summarizer.device)}
+    request.app.state.jobs.check_damaged()
+    fingerprint = service.summarizer.fingerprint
+    return {"status": "ready", "model": service.model_name, "device": str(service.summarizer.device),
+            "fingerprint": None if fingerprint is None else str(fingerprint),
+            "warnings": startup.warnings(request.app.state.settings)}

@@ -8,6 +8,9 @@ Nothing in the library imports this package; it measures the library from outsid
 - `batching`, `evaluation`, `cluster`: the pipeline's planner, its overlap, and Ray replicas;
 - `service_jobs`, `service_load`: the HTTP service's jobs and micro-batching under load;
 - `check`: the offline self-check of a machine (`bart-opt check`);
+- `device`: the check a lent GPU machine runs in one command (ceilings, throughput, profiles, CUDA tests);
+- `dispatch`, `cache_read`, `profiling`: the static search's ATen ops and host syncs, its cache read, and
+  kernel launches and GPU-busy time from torch.profiler;
 - `workloads`: the shapes and settings they share.
 """
 

@@ -16,6 +16,11 @@ a tie decided by rounding from an error.
 
     python -m bart_opt.bench.fidelity --shape d256 --dtypes float32,float16,bfloat16
     python -m bart_opt.bench.fidelity --shape base --dtypes float32,bfloat16 --json fidelity-base.json
+
+With ``--static`` it measures the static search (`Bart.static`) instead, against the default in
+both of its layouts (the CPU's, and the one it takes off the CPU, forced) and transformers:
+
+    python -m bart_opt.bench.fidelity --static --shape d256 --threads 1
 """
 
 from __future__ import annotations
@@ -207,6 +212,63 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     return report
 
 
+STATIC_REFERENCES = ("default (GPU layout)", "default (CPU layout)", "transformers")
+
+
+def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: Workload) -> dict:
+    """The static search's outputs against each of `STATIC_REFERENCES`, greedy and beam:
+    {"beam": {reference: Comparison dict}, "greedy": {...}}; gaps scored by transformers in `dtype`.
+    In half precision also the static search's and the default's (GPU layout) against transformers
+    float32, scored in float32 (under "vs_float32"): which of the two is closer to the float32 result."""
+    from transformers import BartForConditionalGeneration
+
+    import bart_opt.model as model_module
+    from bart_opt import Bart
+
+    hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
+    hf32 = None if dtype == torch.float32 else BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
+    ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
+    pad = ours.config.pad_token_id
+    inputs = make_inputs(ours.config, work)
+    per_input = model_module.attends_per_input
+    report: dict = {}
+    for name, beams in (("beam", work.num_beams), ("greedy", 1)):
+        kwargs = work.settings(beams)
+        runs = {"transformers": generate_all(hf, inputs, work.batch_size, kwargs, device, pad),
+                "default (CPU layout)": generate_all(ours, inputs, work.batch_size, kwargs, device, pad)}
+        model_module.attends_per_input = lambda device: False
+        try:
+            runs["default (GPU layout)"] = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+        finally:
+            model_module.attends_per_input = per_input
+        ours.static = True
+        try:
+            static = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+        finally:
+            ours.static = False
+        spec = ours.generation_spec(kwargs)
+        report[name] = {ref: compare(runs[ref], static, inputs, hf, spec, device).as_dict() for ref in STATIC_REFERENCES}
+        if hf32 is not None:
+            reference32 = generate_all(hf32, inputs, work.batch_size, kwargs, device, pad)
+            report[name]["vs_float32"] = {
+                label: compare(reference32, out, inputs, hf32, spec, device).as_dict()
+                for label, out in (("default (GPU layout)", runs["default (GPU layout)"]), ("static", static))}
+    return report
+
+
+def format_static_table(title: str, results: dict) -> str:
+    """Markdown: one row per dtype and search; the static search's identical outputs and score gaps per reference."""
+    head = " | ".join(f"= {ref} | its score gaps" for ref in STATIC_REFERENCES)
+    lines = [f"### {title}", "", f"| dtype | search | {head} | same as transformers fp32: default (GPU layout) / static |",
+             "|---|---|" + "---|---|" * len(STATIC_REFERENCES) + "---|"]
+    for dtype, r in results.items():
+        for name in ("beam", "greedy"):
+            cells = " | ".join(f"{_cell(r[name], ref)} | {_gap_summary(r[name][ref]['score_gaps'])}"
+                               for ref in STATIC_REFERENCES)
+            lines.append(f"| {dtype} | {name} | {cells} | {_vs_float32(r[name])} |")
+    return "\n".join(lines)
+
+
 def _gap_summary(gaps: list[float]) -> str:
     """Median and max of |gap|, and how many differing outputs transformers scores higher than its own."""
     if not gaps:
@@ -275,6 +337,7 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-self-consistency", action="store_true", help="skip transformers in batches of 1")
     p.add_argument("--threads", type=int)
+    p.add_argument("--static", action="store_true", help="measure the static search against the default instead")
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
@@ -302,13 +365,16 @@ def main(argv: list[str] | None = None) -> int:
         folder = build_checkpoint(tmp, args.shape, args.seed, args.eos_bias, args.init_std)
         for name in args.dtypes:
             print(f"{args.shape} {name} ...", file=sys.stderr, flush=True)
-            results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=modes,
-                                          self_consistency=not args.no_self_consistency)
-    title = (f"fidelity: random {args.shape} (init_std {args.init_std}, eos_bias {args.eos_bias}) on {device}, "
-             f"{work.n} inputs of {work.min_len}-{work.max_len} tokens, {work.num_beams} beams, "
-             f"up to {work.new_tokens} new tokens"
+            if args.static:
+                results[name] = measure_static(folder, getattr(torch, name), device, work)
+            else:
+                results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=modes,
+                                              self_consistency=not args.no_self_consistency)
+    title = (f"fidelity{' of the static search' if args.static else ''}: random {args.shape} (init_std "
+             f"{args.init_std}, eos_bias {args.eos_bias}) on {device}, {work.n} inputs of {work.min_len}-{work.max_len} "
+             f"tokens, {work.num_beams} beams, up to {work.new_tokens} new tokens"
              + (f"; CPU: {hardware.probe().describe()}" if device.type == "cpu" else ""))
-    print(format_table(title, results, work))
+    print(format_static_table(title, results) if args.static else format_table(title, results, work))
     if args.json_path:
         payload = {"shape": args.shape, "config": SHAPES[args.shape], "workload": work.__dict__,
                    "init_std": args.init_std, "eos_bias": args.eos_bias, "device": str(device),

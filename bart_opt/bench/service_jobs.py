@@ -28,6 +28,11 @@ prediction, and the server process's peak RSS (``VmHWM``) while the job runs for
 seconds, then its RSS after ``DELETE``:
 
     python -m bart_opt.bench.service_jobs --scale              # 1,000 vs 100,000 records
+
+**Stores mode** (``--stores``): the jobs store under load, SQLite and PostgreSQL with 1 and 3
+replicas (`bart_opt.bench.service_replicas`; the options after ``--stores`` are its own):
+
+    python -m bart_opt.bench.service_jobs --stores --jobs 60 --records 4
 """
 
 from __future__ import annotations
@@ -282,6 +287,11 @@ def table(n: int, cli: dict, service: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--stores"]:
+        from bart_opt.bench import service_replicas
+
+        return service_replicas.main(argv[1:])
     args = parse_args(argv)
     generation = {k: v for k, v in (("max_length", args.max_length), ("num_beams", args.num_beams)) if v is not None}
     if args.scale:

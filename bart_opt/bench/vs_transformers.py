@@ -11,6 +11,12 @@ default mode; bart_opt with ``exact=True``, unless ``--skip-exact``)
   length_penalty 2.0, min_length 56, max_length 142, no_repeat_ngram_size 3,
   early_stopping), as samples/s and generated tokens/s.
 
+With ``--static`` it adds ``bart_opt_static`` (`Bart.static`) and a throughput table per engine:
+docs/s, peak memory, and on CUDA GPU-busy seconds and kernel launches of one profiled generate
+(:mod:`bart_opt.bench.profiling`; "n/a" elsewhere).
+
+    bart-opt bench --size large --device cuda --dtype float16 --static --tasks throughput_cnn
+
 Memory is the peak above what was allocated when the call started (weights and
 inputs): live tensor bytes on CPU (:class:`bart_opt.memory.LiveTensorCounter`),
 the CUDA caching allocator's true peak on GPU. Each task runs once under the
@@ -47,7 +53,7 @@ from bart_opt.quantize import packed_bytes
 
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt", "bart_opt_exact")
-OURS = ("bart_opt", "bart_opt_exact")  # one Bart model; the engine name sets its `exact` mode
+OURS = ("bart_opt", "bart_opt_exact", "bart_opt_static")  # one Bart model; the engine name sets its mode
 LENGTH_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # uneven inputs, the longest sets the padded length
 PEERS = ("ctranslate2",)  # engines --peers can add; see vs_peers.py
 DEFAULT_PEERS_EOS_BIAS = 1.5  # random bart-base weights then stop after 75-110 tokens instead of running to 142
@@ -72,6 +78,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "0 reports the time of the memory run")
     p.add_argument("--skip-overhead", action="store_true", help="leave out the logging-overhead measurement")
     p.add_argument("--skip-exact", action="store_true", help="leave out bart_opt's exact mode")
+    p.add_argument("--static", action="store_true", help="add bart_opt's static search (bart_opt_static)")
     p.add_argument("--hf-no-cache", action="store_true",
                    help="call transformers' forward with use_cache=False (default: as users call it)")
     p.add_argument("--eos-bias", type=float,
@@ -128,7 +135,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: bool = True,
-                 quantize: str | None = None) -> dict[str, torch.nn.Module]:
+                 quantize: str | None = None, static: bool = False) -> dict[str, torch.nn.Module]:
     """The engines from the same folder: transformers' BartForConditionalGeneration and bart_opt.Bart
     (one model object for both of its modes: the weights are loaded once), quantized as `quantize` says."""
     from transformers import BartForConditionalGeneration
@@ -143,6 +150,8 @@ def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: b
     engines = {"transformers": hf, "bart_opt": ours}
     if exact:
         engines["bart_opt_exact"] = ours
+    if static:
+        engines["bart_opt_static"] = ours
     return engines
 
 
@@ -170,6 +179,13 @@ def make_batch(config, batch_size: int, max_len: int, device: torch.device, seed
     return {"input_ids": ids.to(device), "attention_mask": mask.to(device), "decoder_input_ids": decoder_ids.to(device)}
 
 
+def set_mode(model, engine: str) -> None:
+    """The mode of bart_opt's `engine`: static off first, since it excludes exact."""
+    model.static = False
+    model.exact = engine == "bart_opt_exact"
+    model.static = engine == "bart_opt_static"
+
+
 def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
     """A zero-argument callable running `task` on `engine` under inference mode; returns a tensor."""
     ids, mask, dec = batch["input_ids"], batch["attention_mask"], batch["decoder_input_ids"]
@@ -179,7 +195,7 @@ def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
             if engine == "transformers":
                 extra = {"use_cache": False} if hf_no_cache else {}
                 return model(input_ids=ids, attention_mask=mask, decoder_input_ids=dec, **extra).logits
-            model.exact = engine == "bart_opt_exact"
+            set_mode(model, engine)
             return model(ids, attention_mask=mask, decoder_input_ids=dec)
 
     def generate(settings):
@@ -187,7 +203,7 @@ def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
             with torch.inference_mode():
                 if engine == "transformers":
                     return model.generate(input_ids=ids, attention_mask=mask, **settings)
-                model.exact = engine == "bart_opt_exact"
+                set_mode(model, engine)
                 return model.generate(ids, attention_mask=mask, **settings)
         return run
 
@@ -293,6 +309,9 @@ def compute_ratios(results: list[dict]) -> dict:
     for task in dict.fromkeys(r["task"] for r in results):
         by = {r["engine"]: r for r in results if r["task"] == task}
         ratios[task] = _ratio(by["bart_opt"], by["transformers"])
+        if "bart_opt_static" in by:
+            ratios[task]["static"] = {**_ratio(by["bart_opt_static"], by["transformers"]),
+                                      "seconds_vs_default": by["bart_opt_static"]["seconds"] / by["bart_opt"]["seconds"]}
         if "bart_opt_exact" in by:
             exact, default = by["bart_opt_exact"], by["bart_opt"]
             ratios[task]["exact"] = {
@@ -363,9 +382,9 @@ def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dic
         peak = format_bytes(r["peak_bytes"])
         lines.append(f"| {r['task']} | {r['engine']} | {peak} | {r['seconds']:.3f} | {sps} | {tps} |")
     lines += ["", "| task | mode | peak (bart_opt / transformers) | time (bart_opt / transformers) | speed-up "
-              "| same output | exact / default: peak, time |", "|---|---|---:|---:|---:|---|---|"]
+              "| same output | vs default: peak, time |", "|---|---|---:|---:|---:|---|---|"]
     for task, default in ratios.items():
-        for mode, q in (("default", default), ("exact", default.get("exact"))):
+        for mode, q in (("default", default), ("exact", default.get("exact")), ("static", default.get("static"))):
             if q is None:
                 continue
             same = ("yes" if q["outputs_equal"] else "**NO**") if "outputs_equal" in q else (
@@ -375,6 +394,8 @@ def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dic
             if mode == "exact":
                 versus = (f"{q['peak_vs_default']:.2f}x, " if q["peak_vs_default"] is not None else "n/a, ") + (
                     f"{q['seconds_vs_default']:.2f}x")
+            elif mode == "static":
+                versus = f"time {q['seconds_vs_default']:.2f}x"
             lines.append(f"| {task} | {mode} | {peak} | {q['seconds']:.3f}x | {q['speedup']:.2f}x | {same} | {versus} |")
     if overhead:
         g = overhead["generate_9_seconds"]
@@ -476,7 +497,8 @@ def _bench(args) -> int:
     with tempfile.TemporaryDirectory(prefix="bart-opt-bench-") as tmp:
         folder = args.model or build_random_checkpoint(tmp, args.size, args.seed, args.eos_bias)
         try:
-            engines = load_engines(folder, device, dtype, exact=not args.skip_exact, quantize=args.quantize)
+            engines = load_engines(folder, device, dtype, exact=not args.skip_exact, quantize=args.quantize,
+                                   static=args.static)
         except (OSError, ValueError) as exc:
             print(f"bart-opt bench: cannot load {folder}: {exc}", file=sys.stderr)
             return 2
@@ -506,13 +528,46 @@ def _bench(args) -> int:
         _progress("measuring logging overhead ...")
         batch = make_batch(cfg, args.batch_size, args.max_len, device, args.seed)
         overhead = measure_overhead(engines["bart_opt"], batch, device, args.repeats)
+    profiles = None
+    if args.static and "throughput_cnn" in args.tasks:
+        profiles = profile_throughput(args, engines, device)
     print(format_tables(config, results, ratios, overhead))
+    if profiles is not None:
+        print("\n" + format_throughput(results, profiles))
     if args.json_path:
-        payload = {"config": config, "results": results, "ratios": ratios, "log_overhead": overhead}
+        payload = {"config": config, "results": results, "ratios": ratios, "log_overhead": overhead,
+                   **({"profiles": profiles} if profiles is not None else {})}
         Path(args.json_path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     if args.plot_path:
         write_plot(args.plot_path, results, plot_log, f"{config['model']}, {config['device']}, {config['dtype']}")
     return 0
+
+
+def profile_throughput(args, engines: dict, device: torch.device) -> dict[str, dict | None]:
+    """One profiled throughput_cnn generate per engine (`bart_opt.bench.profiling`); None per engine off CUDA."""
+    from bart_opt.bench.profiling import profile_call
+
+    cfg = engines["bart_opt"].config
+    batch = make_batch(cfg, args.throughput_batch_size or args.batch_size, args.throughput_max_len or args.max_len,
+                       device, args.seed)
+    _progress("profiling throughput_cnn ...")
+    return {name: profile_call(task_call("throughput_cnn", name, model, batch, args.hf_no_cache), device)
+            for name, model in engines.items()}
+
+
+def format_throughput(results: list[dict], profiles: dict[str, dict | None]) -> str:
+    """Markdown: throughput_cnn per engine, with the GPU's figures of one profiled generate ("n/a" off CUDA)."""
+    lines = ["| engine | docs/s | peak memory | GPU-busy s / generate | of wall time | kernel launches / generate "
+             "| kernels run |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if r["task"] != "throughput_cnn":
+            continue
+        prof = profiles.get(r["engine"])
+        gpu = ("n/a",) * 4 if prof is None else (
+            f"{prof['gpu_busy_s']:.3f}", f"{prof['gpu_busy_fraction']:.0%}", str(prof["launches"]), str(prof["kernels"]))
+        lines.append(f"| {r['engine']} | {r['samples_per_s']:.2f} | {format_bytes(r['peak_bytes'])} | " + " | ".join(gpu)
+                     + " |")
+    return "\n".join(lines)
 
 
 def _bench_peers(args) -> int:

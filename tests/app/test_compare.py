@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import pytest
 
+from datetime import datetime, timezone
+
 from app.compare import MAX_JOBS, CompareService
 from app.errors import ApiError
+from app.jobs.job import Job
 from bart_opt.compare import Run, compare_runs
 from bart_opt.errors import InvalidRequest
 from tests.bart_opt.test_compare import row, scores
 
 
 class Jobs:
-    """The two JobService methods CompareService uses, over fixed views and rows."""
+    """The two JobService methods CompareService uses, over fixed jobs and rows."""
 
-    def __init__(self, jobs: dict[str, tuple[dict, list[dict]]]) -> None:
+    def __init__(self, jobs: dict[str, tuple[Job, list[dict]]]) -> None:
         self.jobs = jobs
 
-    def get(self, job_id: str) -> dict:
+    def job(self, job_id: str) -> Job:
         if job_id not in self.jobs:
             raise ApiError(404, "job_not_found", f"no evaluation job {job_id!r}")
         return self.jobs[job_id][0]
@@ -26,10 +29,21 @@ class Jobs:
         return self.jobs[job_id][1]
 
 
-def view(status: str = "succeeded", total: int = 8, **extra) -> dict:
-    return {"status": status, "model": "demo", "dataset": {"file": "a.jsonl"}, "generation": {"num_beams": 1},
-            "rouge": None, "created_at": "2026-01-01T00:00:00.000+00:00", "progress": {"total": total},
-            **extra}  # fmt: skip
+CREATED = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
+
+
+def view(status: str = "succeeded", total: int = 8, generation: dict | None = None) -> Job:
+    return Job(id="j", idempotency_key=None, request_hash="h", status=status, model="demo",
+               dataset={"file": "a.jsonl"}, columns={}, record_limit=None, generation=generation or {"num_beams": 1},
+               baselines=(), total=total, done=total, failed=0, work_s=0.0, active_s=0.0, runs=1, stalled_runs=0,
+               done_at_start=0, peak_bytes=0, owner=None, lease_until=None, created_at=CREATED, started_at=None,
+               finished_at=None, error=None, status_detail=None, metrics=None)  # fmt: skip
+
+
+def info(generation: dict) -> dict:
+    """What the comparison shows with a job made by `view`."""
+    return {"model": "demo", "dataset": {"file": "a.jsonl"}, "generation": generation, "rouge": None,
+            "created_at": "2026-01-01T00:00:00.000+00:00"}
 
 
 @pytest.fixture
@@ -44,8 +58,8 @@ def service() -> CompareService:
 
 def test_the_comparison_is_the_library_one_with_the_jobs_settings(service):
     result = service.compare(["a", "b"], seed=4, resamples=300)
-    runs = [Run(job_id, service.jobs.prediction_rows(job_id), {k: service.jobs.get(job_id)[k] for k in
-            ("model", "dataset", "generation", "rouge", "created_at")}) for job_id in ("a", "b")]  # fmt: skip
+    runs = [Run(job_id, service.jobs.prediction_rows(job_id), info(service.jobs.job(job_id).generation))
+            for job_id in ("a", "b")]
     assert result == compare_runs(runs, seed=4, resamples=300)
     assert result["runs"][1]["info"]["generation"] == {"num_beams": 4}
 

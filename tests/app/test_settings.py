@@ -65,3 +65,29 @@ def test_importing_the_app_loads_no_model():
     main = importlib.import_module("app.main")
     assert main.app.state.service.summarizer is None
     assert main.app.state.service.worker is None
+
+
+@pytest.mark.parametrize("value, says", [
+    ("postgresql:/postgres:secret@127.0.0.1:5432/postgres", "without '//' after the scheme"),
+    ("postgres:host/db", "without '//' after the scheme"),
+    ("mysql://user:secret@host/db", "unknown database 'mysql'"),
+    ("sqlite://", "names no file"),
+    ("", "BART_OPT_DB is empty"),
+])
+def test_a_database_url_that_is_not_one_is_refused_at_start_without_its_password(value, says, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValidationError) as refused:
+        Settings(db=value)
+    assert says in str(refused.value) and "secret" not in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # no SQLite file named like the URL
+
+
+@pytest.mark.parametrize("value, backend", [
+    ("./jobs.db", "sqlite"), ("sqlite:////var/lib/bart-opt/jobs.db", "sqlite"),
+    ("postgresql://u:p@db.internal:5432/jobs", "postgresql"), ("postgres://u@h/jobs", "postgresql"),
+    ("postgresql://u@/jobs?host=/var/run/postgresql", "postgresql"),
+])
+def test_file_paths_and_database_urls_are_taken(value, backend):
+    from app.jobs.database import database_url
+
+    assert Settings(db=value).db == value and database_url(value).get_backend_name() == backend

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bart_opt.cache import KVCache
+import torch.nn.functional as F
+
+from bart_opt.cache import STATIC_ALIGN, KVCache, StaticKVCache
 
 
 def test_reorder_equals_a_full_gather_and_leaves_unfilled_positions():
@@ -71,3 +73,61 @@ def test_an_indirect_cache_refuses_to_drop_a_row_a_kept_history_lives_in():
     cache.reorder(torch.tensor([3, 1, 2, 3]))  # row 0 now continues row 3's history
     with pytest.raises(RuntimeError, match="history lies in a row that is dropped"):
         cache.keep(torch.tensor([0, 1]))
+
+
+def _static_histories(cache: StaticKVCache, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(N, H, length, d) keys and values of every row's history as the static cache's table says."""
+    kv = cache.kv[layer]  # (L, N, 2, H, d)
+    positions = torch.arange(length)
+    read = kv[positions[None, :], cache.history[:, :length]]  # (N, length, 2, H, d)
+    return read[:, :, 0].transpose(1, 2), read[:, :, 1].transpose(1, 2)
+
+
+def test_a_static_cache_holds_the_histories_of_a_copying_one_and_attends_over_them():
+    """Beam steps, inputs leaving and appends applied to both caches; the static one's position lives on the
+    device and its attention over the whole fixed length equals attention over the written part."""
+    gen = torch.Generator().manual_seed(0)
+    beams, inputs, heads, d = 3, 4, 2, 4
+    direct = KVCache(layers=2, rows=beams * inputs, heads=heads, max_len=9, head_dim=d, dtype=torch.float32, device="cpu")
+    static = StaticKVCache(layers=2, rows=beams * inputs, heads=heads, max_len=9, head_dim=d, dtype=torch.float32,
+                           device="cpu")
+    assert static.kv[0].shape[0] % STATIC_ALIGN == 0 and static.kv[0].shape[0] >= 9
+    live = inputs
+    for step in range(8):
+        n = live * beams
+        q, k, v = (torch.randn(n, heads, 1, d, generator=gen) for _ in range(3))
+        for layer in range(2):
+            keys, values = direct.append(layer, k, v)
+            expected = F.scaled_dot_product_attention(q, keys, values, scale=0.5)
+            torch.testing.assert_close(static.attend(layer, q, k, v, 0.5), expected, atol=1e-6, rtol=1e-6)
+        direct.advance(1)
+        static.advance(1)
+        assert int(static.position) == direct.length == step + 1
+        parents = (torch.randint(0, beams, (live, beams), generator=gen) + beams * torch.arange(live)[:, None]).flatten()
+        direct.reorder(parents)
+        static.reorder(parents)
+        if step in (3, 5):  # the second input leaves, then the last one
+            kept = [i for i in range(live) if i != (1 if step == 3 else live - 1)]
+            rows = (torch.tensor(kept)[:, None] * beams + torch.arange(beams)).flatten()
+            direct.keep(rows)
+            static.keep(rows)
+            live -= 1
+        for layer in range(2):
+            keys, values = _static_histories(static, layer, direct.length)
+            assert torch.equal(keys, direct.keys[layer][:, :, : direct.length]), (step, layer)
+            assert torch.equal(values, direct.values[layer][:, :, : direct.length]), (step, layer)
+    assert static.history.shape == (live * beams, static.kv[0].shape[0])
+
+
+def test_a_static_cache_step_updates_its_tensors_in_place():
+    """A CUDA graph replays a step against the tensors it was captured with: nothing a step reads may be rebound."""
+    cache = StaticKVCache(layers=1, rows=4, heads=1, max_len=5, head_dim=2, dtype=torch.float32, device="cpu")
+    read = {name: getattr(cache, name) for name in ("position", "history", "bias", "_index")}
+    kv = cache.kv[0]
+    for _ in range(3):
+        cache.attend(0, *(torch.randn(4, 1, 1, 2) for _ in range(3)), scale=1.0)
+        cache.advance(1)
+        cache.reorder(torch.tensor([1, 1, 3, 2]))
+    assert all(getattr(cache, name) is tensor for name, tensor in read.items()) and cache.kv[0] is kv
+    assert cache.bias[0, 0, 0, :5].tolist() == [0.0, 0.0, 0.0, 0.0, float("-inf")]  # positions 0-3 next
+    assert cache.history[:, :3].tolist() == [[1, 1, 1], [1, 1, 1], [3, 2, 3], [2, 3, 2]]

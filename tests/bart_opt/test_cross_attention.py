@@ -111,3 +111,30 @@ def test_batched_layout_matches_transformers_as_inputs_leave(make_checkpoint, mo
     got = Bart.from_pretrained(path).generate(ids, mask, num_beams=4, min_length=0)
     assert kept and kept[-1] < ids.shape[0], "inputs left the batch before the last step"
     assert torch.equal(got, reference_generate(path, ids, mask, num_beams=4, min_length=0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_static_layout_attends_bit_for_bit_like_the_batched_one_with_its_mask_made_once(checkpoint, dtype):
+    """The static search's state: the batched layout with the additive mask made once per call, not per attention call."""
+    model = Bart.from_pretrained(checkpoint, dtype=dtype)
+    ids, mask = padded_batch()
+    with torch.inference_mode():
+        memory = model.encode(ids, mask)  # (B, S, D)
+        batched = cross_attention.BatchedCrossAttention.build([l.encoder_attn for l in model.decoder.layers], memory,
+                                                              mask, beams=2)
+        model.static = True
+        static = model.cross_attention(memory, mask, beams=2)
+        assert type(static) is cross_attention.StaticCrossAttention
+        assert static.bias.dtype == dtype and static.bias.shape == (ids.shape[0], 1, 1, ids.shape[1])
+        assert torch.equal(static.bias[:, 0, 0] == 0, mask.bool()) and torch.isinf(static.bias[:, 0, 0][mask == 0]).all()
+        bias = static.bias
+        x = torch.randn(ids.shape[0] * 2, 1, model.config.d_model, generator=torch.Generator().manual_seed(0)).to(dtype)
+        for layer, attn in enumerate(model.decoder.layers):
+            assert torch.equal(static(attn.encoder_attn, x, layer), batched(attn.encoder_attn, x, layer))
+        assert static.bias is bias, "made once, reused by every layer and call"
+        kept = torch.tensor([3, 1])
+        static.keep(kept)
+        batched.keep(kept)
+        assert torch.equal(static.bias, bias[kept])
+        for layer, attn in enumerate(model.decoder.layers):
+            assert torch.equal(static(attn.encoder_attn, x[:4], layer), batched(attn.encoder_attn, x[:4], layer))

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bart_opt.data import MissingColumnError, Record, load_records
 
@@ -211,3 +214,65 @@ def test_hub_loader_on_a_local_dataset_folder(tmp_path, monkeypatch):
     assert train == [Record("t1", ROWS[1]["article"], ROWS[1]["highlights"])]
     with pytest.raises(MissingColumnError, match="available columns: article, highlights, id"):
         load_records(hub=str(folder), split="test", text_column="document")
+
+
+# ---- ids are kept as given: one rule for every source (bart_opt.data.check_id) ---------------
+
+
+@pytest.mark.parametrize("bad", [" b2", "b2 ", "\tb2", "b2\n", "\u00a0b2", "b2\u2028"])
+def test_an_id_with_white_space_at_either_end_is_refused_naming_its_row(write, bad):
+    rows = [dict(ROWS[0]), dict(ROWS[1], id=bad), dict(ROWS[2])]
+    with pytest.raises(ValueError, match=r"row 1: id .* has white space at its start or end"):
+        load_records(file=write(rows))
+
+
+@pytest.mark.parametrize("bad", [".", ".."])
+def test_dot_ids_that_no_url_can_name_are_refused(write, bad):
+    with pytest.raises(ValueError, match=rf"row 2: id '{re.escape(bad)}' cannot name an example in a URL path"):
+        load_records(file=write([dict(ROWS[0]), dict(ROWS[1]), dict(ROWS[2], id=bad)]))
+
+
+def test_inner_white_space_and_any_other_text_is_kept_exactly():
+    ids = ["a b", "...", "a/..", "%2e%2e", "é", "x\ty", "0007"]
+    rows = [{"id": record_id, "article": "Text.", "highlights": "Sum."} for record_id in ids]
+    assert [r.id for r in load_records(records=rows)] == ids
+    assert [r.id for r in load_records(records=[{"id": 7, "article": "Text.", "highlights": "Sum."}])] == ["7"]
+
+
+@pytest.mark.parametrize("first_has_id", [False, True])
+def test_ids_for_some_records_only_are_refused_naming_the_rows(tmp_path, first_has_id):
+    """Never row numbers for some records and the data's ids for others (nor row numbers for all,
+    dropping the ids the later records have)."""
+    rows = [dict(row) for row in ROWS]
+    without = 0 if not first_has_id else 2
+    del rows[without]["id"]
+    path = tmp_path / "data.jsonl"
+    write_jsonl(path, rows)
+    has, lacks = (1, 0) if not first_has_id else (0, 2)
+    for source in ({"file": path}, {"records": rows}):
+        with pytest.raises(ValueError, match=rf"row {has} has an id \('id'\) but row {lacks} has none"):
+            load_records(**source)
+
+
+def test_a_csv_row_without_its_id_value_names_the_row(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("id,article,highlights\na,Text.,Sum.\n,Text.,Sum.\n")
+    with pytest.raises(ValueError, match=r"row 1: id column 'id' is empty"):
+        load_records(file=path)
+    path.write_text("article,highlights,id\nText.,Sum.,a\nText.,Sum.\n")
+    with pytest.raises(ValueError, match=r"row 1: no id \(column 'id' is empty\)"):
+        load_records(file=path)
+
+
+@given(st.text(max_size=12).filter(lambda text: text != "first") | st.integers())
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+def test_an_id_is_stored_as_given_or_refused_naming_its_row(value):
+    rows = [{"id": "first", "text": "Text."}, {"id": value, "text": "Text."}]
+    try:
+        records = load_records(records=rows, text_column="text", summary_column=None)
+    except ValueError as error:
+        assert "row 1" in str(error)
+        text = str(value)
+        assert text in ("", ".", "..") or text != text.strip()
+    else:
+        assert records[1].id == str(value)

@@ -1,8 +1,8 @@
 """Parity at a real width, in every dtype on CPU: exact mode identical, the default, the fast and the
 int8 mode at their published agreement, per ISA.
 
-The batch is the first padded batch of 8 of the published fidelity workload (README, "Exact mode
-and fidelity"; docs/cpu.md; `python -m bart_opt.bench.fidelity --shape d256 --threads 1`): d_model 256,
+The batch is the first padded batch of 8 of the published fidelity workload (docs/fidelity.md,
+"On a CPU"; docs/cpu.md per ISA; `python -m bart_opt.bench.fidelity --shape d256 --threads 1`): d_model 256,
 3+3 layers, 8 heads, inputs of 8-120 tokens, 40 new tokens, 4 beams, length_penalty 2.0,
 no_repeat_ngram_size 3, on one thread as published.
 

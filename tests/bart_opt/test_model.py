@@ -228,3 +228,23 @@ def test_fast_mode_leaves_padded_keys_out_in_half_precision(make_checkpoint, mon
     model.generate(ids, mask, num_beams=2, max_new_tokens=4, min_length=0)
     assert any(m is not None for m in masks), "the default masks padded keys in half precision"
     assert keys[:encoder_calls] == [6, 6] * model.config.encoder_layers
+
+
+def test_static_combines_with_the_default_and_fast_but_not_exact(demo_checkpoint):
+    with pytest.raises(ValueError, match="static and exact exclude each other: exact is on"):
+        Bart.from_pretrained(demo_checkpoint, exact=True, static=True)
+    model = Bart.from_pretrained(demo_checkpoint, static=True)
+    with pytest.raises(ValueError, match="exact and static exclude each other: static is on"):
+        model.exact = True
+    with pytest.raises(ValueError, match="exact and static exclude each other: static is on"):
+        model.mode = "exact"
+    attns = [m for m in model.modules() if isinstance(m, Attention)]
+    assert model.static and all(a.static for a in attns)
+    model.fast = True
+    assert (model.mode, model.static) == ("fast", True)
+    model.static = False
+    assert not any(a.static for a in attns)
+    model.fast, model.exact = False, True
+    with pytest.raises(ValueError, match="static and exact exclude each other: exact is on"):
+        model.static = True
+    assert model.exact and not model.static

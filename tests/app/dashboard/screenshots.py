@@ -1,4 +1,4 @@
-"""Screenshots of every dashboard page, for the README: ``python3 -m tests.app.dashboard.screenshots OUT_DIR``.
+"""Screenshots of every dashboard page, for docs/service.md: ``python3 -m tests.app.dashboard.screenshots OUT_DIR``.
 
 Builds the demo checkpoint and its sample records in a temporary folder, serves the app on them,
 runs two finished jobs (greedy with summaries cut at 48 tokens, and 4 beams) and a longer one that is still running, sends one
@@ -100,7 +100,7 @@ def _shot(page, path: Path, full_page: bool = True) -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="folder for the PNGs (the README uses app/dashboard/screenshots)")
+    parser.add_argument("out", type=Path, help="folder for the PNGs (docs/service.md uses app/dashboard/screenshots)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bart_opt_shots_") as work:
         shots = take(args.out, Path(work))

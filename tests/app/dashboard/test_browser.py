@@ -246,3 +246,39 @@ def test_the_service_view_shows_the_metrics_json(site, page):
     assert page.locator("#svc-weights").inner_text() == f"{weights / 1024:.1f} KiB"
     routes = page.locator("#latency-table tbody tr td:first-child").all_inner_texts()
     assert "/evaluate" in routes and set(routes) <= set(snapshot["latency"]) | {"/metrics"}
+
+
+def test_the_jobs_page_and_the_compare_picker_reach_the_oldest_of_450_jobs(make_server, page):
+    from sqlalchemy import text
+
+    with make_server() as live:
+        ids = [f"{i:032x}" for i in range(450)]  # oldest first
+        with live.app.state.jobs.store.engine.begin() as connection:
+            connection.execute(text(
+                "INSERT INTO jobs (id, request_hash, status, model, dataset, columns, generation, total, done,"
+                " created_at) VALUES (:id, 'h', 'succeeded', 'demo', '{\"file\": \"x.jsonl\"}', '{}', '{}', 1, 1, :at)"
+            ), [{"id": job_id, "at": 1.7e9 + i} for i, job_id in enumerate(ids)])
+        open_page(page, f"{live.url}/#/jobs", f'tr[data-job="{ids[-1]}"]')
+        assert page.locator("#jobs-table tbody tr").count() == 200 and page.locator("#jobs-newer").is_disabled()
+        page.locator("#jobs-older").click()
+        page.wait_for_selector(f'tr[data-job="{ids[249]}"]')
+        page.locator("#jobs-older").click()
+        page.wait_for_selector(f'tr[data-job="{ids[0]}"]')  # the oldest job, on the third page
+        assert page.locator("#jobs-table tbody tr").count() == 50 and page.locator("#jobs-older").is_disabled()
+        page.locator("#jobs-newest").click()
+        page.wait_for_selector(f'tr[data-job="{ids[-1]}"]')
+
+        open_page(page, f"{live.url}/#/compare", f"#pick-{ids[-1]}")
+        assert page.locator("#compare-form input[type=checkbox]").count() == 200
+        page.locator(f"#pick-{ids[-1]}").check()
+        page.locator("#compare-add-id").fill(ids[0])  # the oldest, found by its id
+        page.locator("#compare-add").click()
+        page.wait_for_selector(f"#pick-{ids[0]}:checked")
+        for last in (50, 1):  # the oldest of the second page, then of the third
+            page.locator("#compare-older").click()
+            page.wait_for_selector(f"#pick-{ids[last]}")
+        assert page.locator("#compare-form input[type=checkbox]").count() == 450  # each job once
+        assert page.locator(f"#pick-{ids[-1]}").is_checked()  # a pick survives loading older jobs
+        assert page.locator("#compare-order").inner_text().startswith(ids[-1][:8])
+        assert page.locator("#compare-older").is_hidden()
+        assert page.errors == []

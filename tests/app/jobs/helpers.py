@@ -112,6 +112,39 @@ def wait_for_job(client, job_id: str, until=("succeeded", "failed", "cancelled")
     raise AssertionError(f"job {job_id} never got there: {view['status']}, {view['progress']}")
 
 
+def poll_server(server, job_id: str, until, timeout: float = 240) -> dict:
+    """Poll a `ServerProcess`'s GET /evaluate/{id} until `until(view)` holds; the view (its log on failure)."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=30).json()
+        if until(view):
+            return view
+        time.sleep(0.02)
+    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
+
+
+def at_once(*calls) -> list:
+    """Run each of `calls` on a thread of its own, all released together; their results, or the errors they raised."""
+    results: list = [None] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(k: int) -> None:
+        start.wait()
+        try:
+            results[k] = calls[k]()
+        except Exception as error:  # noqa: BLE001 - returned to the caller, which asserts on it
+            results[k] = error
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 def evaluate_directly(summarizer, records, generation) -> tuple[dict, dict]:
     """What `bart-opt evaluate` computes for these records: rows by id, and the metrics."""
     spec = summarizer.generation_spec(generation)
@@ -127,19 +160,39 @@ def prediction_rows(client, job_id: str) -> list[dict]:
     return [json.loads(line) for line in response.text.splitlines()]
 
 
-class FaultyConnection(sqlite3.Connection):
-    """A SQLite connection that turns itself read-only or full while `FaultyConnection.fault` says so.
+class FaultyCursor(sqlite3.Cursor):
+    """A cursor of a `FaultyConnection`: applies the connection's fault before each statement."""
 
-    The faults are SQLite's own: ``"read-only"`` sets ``PRAGMA query_only`` (writes fail with
-    SQLITE_READONLY, as on a read-only volume), ``"full"`` caps ``max_page_count`` at the
-    current size (a write that needs a new page fails with SQLITE_FULL, as on a full disk).
-    The switch is class-wide and takes effect on every connection's next statement.
+    def execute(self, *args):
+        self.connection.apply_fault()
+        return super().execute(*args)
+
+    def executemany(self, *args):
+        self.connection.apply_fault()
+        return super().executemany(*args)
+
+
+class FaultyConnection(sqlite3.Connection):
+    """A SQLite connection that turns itself read-only, full or unreachable while `FaultyConnection.fault` says so.
+
+    ``"read-only"`` and ``"full"`` are SQLite's own faults: ``PRAGMA query_only`` (writes fail
+    with SQLITE_READONLY, as on a read-only volume), ``max_page_count`` capped at the current
+    size (a write that needs a new page fails with SQLITE_FULL, as on a full disk).
+    ``"gone"`` makes every statement fail with SQLITE_IOERR, as on a network volume that went
+    away. The switch is class-wide and takes effect on every connection's next statement.
     """
 
     fault: str | None = None
 
-    def _apply(self) -> None:
+    def cursor(self, factory=FaultyCursor):
+        return super().cursor(factory)
+
+    def apply_fault(self) -> None:
         wanted = type(self).fault
+        if wanted == "gone":
+            error = sqlite3.OperationalError("disk I/O error")
+            error.sqlite_errorcode, error.sqlite_errorname = 10, "SQLITE_IOERR"
+            raise error
         if getattr(self, "_applied", None) == wanted or self.in_transaction:
             return
         super().execute(f"PRAGMA query_only = {int(wanted == 'read-only')}")
@@ -149,14 +202,6 @@ class FaultyConnection(sqlite3.Connection):
         else:
             super().execute("PRAGMA max_page_count = 4294967294")
         self._applied = wanted
-
-    def execute(self, *args):
-        self._apply()
-        return super().execute(*args)
-
-    def executemany(self, *args):
-        self._apply()
-        return super().executemany(*args)
 
 
 @pytest.fixture
@@ -168,3 +213,45 @@ def faulty_store(monkeypatch):
     FaultyConnection.fault = None
     yield FaultyConnection
     FaultyConnection.fault = None
+
+
+class Backend:
+    """A jobs database of one kind for one test: `url` (``BART_OPT_DB``), `name`, and the faults
+    `go_away` / `come_back` (PostgreSQL: the server stopped and started; SQLite: every statement
+    fails with an I/O error, as on a network volume that went away; needs `faulty_store`)."""
+
+    def __init__(self, name: str, url: str, cluster=None):
+        self.name, self.url, self.cluster = name, url, cluster
+
+    def go_away(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop("immediate")  # as a crash: only what was committed survives
+        else:
+            FaultyConnection.fault = "gone"
+
+    def come_back(self) -> None:
+        if self.cluster is not None:
+            self.cluster.start()
+        else:
+            FaultyConnection.fault = None
+
+
+BACKENDS = ("sqlite", "postgresql")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request, tmp_path) -> Backend:
+    """Each test that takes it runs twice: on a SQLite file, and on a fresh database of the session's
+    PostgreSQL cluster (skipped, with the reason, where none can be started)."""
+    if request.param == "sqlite":
+        return Backend("sqlite", str(tmp_path / "jobs.db"))
+    cluster = request.getfixturevalue("postgres_cluster")
+    return Backend("postgresql", cluster.create_database(), cluster)
+
+
+def sql(store, statement: str, **params) -> list[tuple]:
+    """Rows of `statement` on the store's database, read past the store (what the tables hold)."""
+    from sqlalchemy import text
+
+    with store.engine.connect() as connection:
+        return [tuple(row) for row in connection.execute(text(statement), params)]

@@ -1,19 +1,21 @@
-"""A real server killed with SIGKILL in the middle of a job, started again: every example once, same ROUGE."""
+"""A real server killed with SIGKILL in the middle of a job, started again: every example once, same ROUGE.
+
+On SQLite and on PostgreSQL (the `backend` fixture): a committed batch survives the kill on both.
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import time
 
 import httpx
 import torch
 
+from app.jobs.store import JobStore
 from bart_opt.bench.service_load import ServerProcess
 from bart_opt.data import load_records
 from bart_opt.evaluate import run_evaluation
 from bart_opt.summarizer import Summarizer
-from tests.app.jobs.helpers import cnn_rows
+from tests.app.jobs.helpers import cnn_rows, poll_server, sql
 
 # One input per model call makes the job long enough to kill halfway and its summaries
 # independent of how the batches fall after the restart. The killed server's claim on the job
@@ -23,23 +25,13 @@ GENERATION = {"num_beams": 2, "max_length": 12, "min_length": 2}
 N = 24
 
 
-def poll(server: ServerProcess, job_id: str, until, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=10).json()
-        if until(view):
-            return view
-        time.sleep(0.02)
-    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
-
-
-def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_rouge(demo_checkpoint, tmp_path):
+def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_rouge(demo_checkpoint, tmp_path,
+                                                                                      backend):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     path = data_dir / "cnn.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in cnn_rows(N, seed=20)))
-    db = tmp_path / "jobs.db"
-    settings = {**SETTINGS, "db": db, "data_dir": data_dir}
+    settings = {**SETTINGS, "db": backend.url, "data_dir": data_dir}
     body = {"dataset": {"file": "cnn.jsonl"}, "generation": GENERATION}
     key = {"Idempotency-Key": "crash-test"}
 
@@ -47,15 +39,15 @@ def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_
         submitted = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
         assert submitted.status_code == 202, server.log()
         job_id = submitted.json()["id"]
-        poll(server, job_id, lambda view: view["progress"]["done"] >= 4)
+        poll_server(server, job_id, lambda view: view["progress"]["done"] >= 4)
         server.process.kill()  # SIGKILL: no shutdown code runs
         server.process.wait(30)
-    with sqlite3.connect(db) as connection:
-        done_before = connection.execute("SELECT done FROM jobs WHERE id = ?", (job_id,)).fetchone()[0]
+    store = JobStore(backend.url)
+    [(done_before,)] = sql(store, "SELECT done FROM jobs WHERE id = :job", job=job_id)
     assert 4 <= done_before < N, "the job was not killed in the middle"
 
     with ServerProcess(demo_checkpoint, tmp_path / "second.log", settings) as server:
-        view = poll(server, job_id, lambda view: view["status"] not in ("queued", "running"))
+        view = poll_server(server, job_id, lambda view: view["status"] not in ("queued", "running"))
         lines = httpx.get(f"{server.url}/evaluate/{job_id}/predictions", timeout=30).text.splitlines()
         replay = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
     assert view["status"] == "succeeded", view["error"]
@@ -66,9 +58,8 @@ def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_
     rows = [json.loads(line) for line in lines]
     records = load_records(file=path)
     assert [row["id"] for row in rows] == [record.id for record in records]  # each example exactly once
-    with sqlite3.connect(db) as connection:
-        query = "SELECT run, COUNT(*) FROM predictions WHERE job_id = ? GROUP BY run"
-        per_run = dict(connection.execute(query, (job_id,)))
+    per_run = dict(sql(store, "SELECT run, COUNT(*) FROM predictions WHERE job_id = :job GROUP BY run", job=job_id))
+    store.close()
     assert per_run == {1: done_before, 2: N - done_before}  # nothing done before the kill was redone
 
     summarizer = Summarizer.from_pretrained(demo_checkpoint, device="cpu", max_batch_size=1)

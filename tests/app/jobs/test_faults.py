@@ -99,3 +99,86 @@ def test_a_database_that_cannot_be_opened_yet_comes_back_without_a_restart(make_
     assert refused.status_code == 503 and refused.json()["error"]["code"] == "jobs_unavailable"
     assert str(tmp_path) not in refused.text
     assert listed.status_code == 200 and view["status"] == "succeeded"
+
+
+def test_a_damaged_database_reads_as_damaged_not_as_retry_later(make_jobs_app, write_jsonl, tmp_path, caplog):
+    rows = cnn_rows(300, seed=33)
+    write_jsonl("many.jsonl", rows)
+    with serving(make_jobs_app()) as client:
+        job_id = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST,
+                                                "limit": 2}).json()["id"]
+        wait_for_job(client, job_id)
+        assert client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST,
+                                              "limit": 300}).status_code == 202  # pages of records to damage
+    path = tmp_path / "jobs.db"
+    with path.open("r+b") as handle:  # pages 3 to 60 overwritten, as a failing disk or a bad copy leaves them
+        handle.seek(2 * 4096)
+        handle.write(b"\xa5" * (58 * 4096))
+    with serving(make_jobs_app()) as client:
+        deadline = time.monotonic() + 30
+        while (ready := client.get("/ready")).status_code == 200:  # the store's check runs once it is open
+            assert time.monotonic() < deadline, "the damage was never found"
+            time.sleep(0.05)
+        view = client.get(f"/evaluate/{job_id}")
+        submitted = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST})
+        health = client.get("/health")
+    for answer in (view, submitted, ready):
+        assert answer.status_code == 503 and "retry-after" not in answer.headers, answer.text
+        error = answer.json()["error"]
+        assert error["code"] == "jobs_store_damaged", error
+        assert error["message"].startswith("the jobs database (BART_OPT_DB) is damaged") and "retry" not in error[
+            "message"] and "restore" in error["message"]
+    assert health.status_code == 200  # /summarize still works: the process need not be restarted for it
+    assert "is damaged" in caplog.text and str(tmp_path) not in view.text
+
+
+def test_a_database_that_goes_away_mid_job_gives_503s_and_the_job_resumes_once_it_is_back(
+    make_jobs_app, write_jsonl, faulty_store, backend, caplog
+):
+    write_jsonl("six.jsonl", cnn_rows(6, seed=34))
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), db=backend.url, **FAULT_SETTINGS)
+    with serving(app) as client:
+        try:
+            job_id = submit(client, "six.jsonl")
+            stepper.allow(1)
+            wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] == 2)
+            backend.go_away()  # PostgreSQL: the server stopped as by a crash; SQLite: its volume gone
+            try:
+                stepper.allow(1)  # batch 2 is computed but can be neither written nor failed
+                stepper.wait_arrived(2)
+                deadline = time.monotonic() + 30
+                while "it stays claimed and resumes when the database works again" not in caplog.text:
+                    assert time.monotonic() < deadline, caplog.text
+                    time.sleep(0.05)
+                view_during = client.get(f"/evaluate/{job_id}")
+                post_during = client.post("/evaluate", json={"dataset": {"file": "six.jsonl"}, "generation": FAST})
+            finally:
+                backend.come_back()
+            stepper.allow(100)
+            view = wait_for_job(client, job_id)
+        finally:
+            stepper.allow(100)
+        rows = prediction_rows(client, job_id)
+    for answer in (view_during, post_during):
+        assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+        assert answer.json()["error"]["code"] == "jobs_store_unavailable"
+    assert view["status"] == "succeeded" and view["runs"] == 2 and view["progress"]["done"] == 6
+    assert [row["id"] for row in rows] == [f"doc-{i}" for i in range(6)]  # nothing lost, nothing doubled
+    assert [(batch["run"], batch["size"]) for batch in view["memory"]["batches"]] == [(1, 2), (2, 2), (2, 2)]
+
+
+def test_nul_characters_and_hostile_ids_are_refused_alike_on_both_backends(make_jobs_app, backend):
+    records = [{"id": "a", "text": "The city voted.", "reference": "A vote."},
+               {"id": "b", "text": "Nul \x00 inside.", "reference": "x"}]
+    with serving(make_jobs_app(db=backend.url, max_batch_size=2)) as client:
+        accepted = client.post("/evaluate", json={"dataset": {"records": records}, "generation": FAST})
+        view = wait_for_job(client, accepted.json()["id"])
+        rows = prediction_rows(client, view["id"])
+        bad_id = client.post("/evaluate", json={"dataset": {"records": [{"id": "x\x00", "text": "t", "reference": "r"}]}})
+        lookups = [client.get(path).status_code for path in
+                   ("/evaluate/%00", "/evaluate/a%00b", f"/evaluate/{view['id']}/examples/%00", "/evaluate/%ED%A0%80")]
+    assert view["status"] == "succeeded" and view["progress"]["failed"] == 1
+    assert rows[1]["error"] == "the text holds a NUL character (U+0000), which the jobs database cannot store"
+    assert bad_id.status_code == 422 and "NUL" in bad_id.json()["error"]["message"]
+    assert lookups == [404, 404, 404, 404]

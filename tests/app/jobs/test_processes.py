@@ -6,25 +6,15 @@ import json
 import os
 import re
 import signal
-import sqlite3
 import time
 
 import httpx
 
+from app.jobs.store import JobStore
 from bart_opt.bench.service_load import ServerProcess
-from tests.app.jobs.helpers import cnn_rows
+from tests.app.jobs.helpers import cnn_rows, poll_server, sql
 
 GENERATION = {"num_beams": 1, "max_length": 6, "min_length": 2}
-
-
-def poll(server: ServerProcess, job_id: str, until, timeout: float = 180) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        view = httpx.get(f"{server.url}/evaluate/{job_id}", timeout=30).json()
-        if until(view):
-            return view
-        time.sleep(0.05)
-    raise AssertionError(f"job never got there: {view['status']} {view['progress']}\n{server.log()}")
 
 
 def submit(server: ServerProcess, name: str, **body) -> str:
@@ -45,36 +35,33 @@ def peak_rss_mb(pid: int) -> float:
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
 
-def test_two_processes_share_one_database_and_a_killed_owners_job_is_taken_over(demo_checkpoint, tmp_path):
+def test_two_processes_share_one_database_and_a_killed_owners_job_is_taken_over(demo_checkpoint, tmp_path, backend):
     data_dir = tmp_path / "data"
     data_dir.mkdir()
     for name, seed in (("first.jsonl", 50), ("second.jsonl", 51)):
         (data_dir / name).write_text("".join(json.dumps(row) + "\n" for row in cnn_rows(12, seed=seed)))
-    db = tmp_path / "jobs.db"
-    settings = {"db": db, "data_dir": data_dir, "max_batch_size": 1, "torch_threads": 1, "job_lease_s": 2}
+    store = JobStore(backend.url)
+    settings = {"db": backend.url, "data_dir": data_dir, "max_batch_size": 1, "torch_threads": 1, "job_lease_s": 2}
     with ServerProcess(demo_checkpoint, tmp_path / "a.log", settings) as a, \
             ServerProcess(demo_checkpoint, tmp_path / "b.log", settings) as b:
         first, second = submit(a, "first.jsonl"), submit(b, "second.jsonl")
-        poll(a, first, lambda view: view["progress"]["done"] >= 3)
-        with sqlite3.connect(db) as connection:
-            owner = connection.execute("SELECT owner FROM jobs WHERE id = ?", (first,)).fetchone()[0]
-            done_before = connection.execute("SELECT done FROM jobs WHERE id = ?", (first,)).fetchone()[0]
+        poll_server(a, first, lambda view: view["progress"]["done"] >= 3)
+        [(owner, done_before)] = sql(store, "SELECT owner, done FROM jobs WHERE id = :job", job=first)
         owner_pid = int(owner.split(":")[1])
         victim, survivor = (a, b) if owner_pid == a.process.pid else (b, a)
         assert owner_pid == victim.process.pid
         os.kill(owner_pid, signal.SIGKILL)  # no shutdown code runs: the lease is simply not renewed any more
         victim.process.wait(30)
-        views = [poll(survivor, job_id, lambda view: view["status"] not in ("queued", "running"))
+        views = [poll_server(survivor, job_id, lambda view: view["status"] not in ("queued", "running"))
                  for job_id in (first, second)]
         orders = [ids_in_order(survivor, job_id) for job_id in (first, second)]
         survivor_log = survivor.log()
     assert all(view["status"] == "succeeded" for view in views), [view["error"] for view in views]
     assert orders == [[f"doc-{i}" for i in range(12)]] * 2  # every example of both jobs, exactly once
     assert done_before < 12 and views[0]["runs"] == 2 and f"job {first}: run 2" in survivor_log
-    with sqlite3.connect(db) as connection:
-        per_run = dict(connection.execute(
-            "SELECT run, COUNT(*) FROM predictions WHERE job_id = ? GROUP BY run", (first,)))
-        batches = connection.execute("SELECT job_id, COUNT(*), SUM(size) FROM batches GROUP BY job_id").fetchall()
+    per_run = dict(sql(store, "SELECT run, COUNT(*) FROM predictions WHERE job_id = :job GROUP BY run", job=first))
+    batches = sql(store, "SELECT job_id, COUNT(*), SUM(size) FROM batches GROUP BY job_id")
+    store.close()
     assert per_run[1] >= done_before and sum(per_run.values()) == 12  # nothing committed before the kill was redone
     assert sorted(count for _, count, _ in batches) == [12, 12]  # one model batch per example, none twice
     assert views[1]["runs"] == 1  # the other job ran in the other process, untouched by the kill
@@ -101,19 +88,19 @@ def test_memory_stays_flat_from_10000_to_100000_records_and_a_50_mb_record(demo_
         pid = server.process.pid
         for name in ("small.jsonl", "mid.jsonl"):  # the second job pays a one-off 40-55 MB (measured)
             warm_up = submit(server, name)
-            poll(server, warm_up, lambda view: view["progress"]["done"] >= 128)
+            poll_server(server, warm_up, lambda view: view["progress"]["done"] >= 128)
             httpx.delete(f"{server.url}/evaluate/{warm_up}", timeout=30)
         after_mid = peak_rss_mb(pid)
 
         started = time.perf_counter()
         big = submit(server, "big.jsonl")
         accepted_s = time.perf_counter() - started
-        first = poll(server, big, lambda view: view["progress"]["done"] >= 1)
-        poll(server, big, lambda view: view["progress"]["done"] >= 128)  # two windows
+        first = poll_server(server, big, lambda view: view["progress"]["done"] >= 1)
+        poll_server(server, big, lambda view: view["progress"]["done"] >= 128)  # two windows
         cancelled = httpx.delete(f"{server.url}/evaluate/{big}", timeout=30).json()
         after_big = peak_rss_mb(pid)
 
-        huge = poll(server, submit(server, "huge-record.jsonl"), lambda view: view["status"] != "queued"
+        huge = poll_server(server, submit(server, "huge-record.jsonl"), lambda view: view["status"] != "queued"
                     and view["status"] != "running")
         failures = httpx.get(f"{server.url}/evaluate/{huge['id']}/predictions", params={"errors": "only"},
                              timeout=30).text.splitlines()

@@ -61,7 +61,7 @@ def test_a_job_on_ray_resumes_after_a_restart_and_cancel_stops_one(ray_cluster, 
         running = wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] > 0, timeout=240)
     assert running["status_detail"] == "running on 2 replicas of 1 CPU each"
     stopped = JobStore(tmp_path / "jobs.db").get(job_id)  # the service stopped: the job went back to the queue
-    assert stopped["status"] == "queued" and 0 < stopped["done"] < 200 and stopped["status_detail"] is None
+    assert stopped.status == "queued" and 0 < stopped.done < 200 and stopped.status_detail is None
 
     with serving(make_jobs_app(**settings)) as client:
         view = wait_for_job(client, job_id, timeout=240)

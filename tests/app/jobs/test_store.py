@@ -1,28 +1,46 @@
-"""`JobStore`: streamed submissions, exactly-once predictions, leases, kept counts, schema migrations."""
+"""`JobStore` on SQLite and on PostgreSQL: streamed submissions, exactly-once predictions, leases, kept counts.
+
+Every test that takes the `store` fixture runs on both backends (PostgreSQL: a fresh database
+on the session's throwaway cluster). The migrations are in test_migrations.py.
+"""
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
 import time
 
 import pytest
+from sqlalchemy import text
 
-from app.jobs.schema import VERSION, SchemaTooNew, migrate, version
-from app.jobs.store import MAX_STALLED_RUNS, BatchWrite, DuplicateId, JobStore, NewJob, StoredRecord
+from app.jobs.store import MAX_STALLED_RUNS, BatchWrite, DuplicateId, JobStore, NewJob, StoreConflict, StoredRecord
 from bart_opt.data import Record
+from tests.app.jobs.helpers import sql
 
 RECORDS = [Record(f"id-{i}", f"text {i}", f"reference {i}") for i in range(5)]
 A, B = "host:1:a", "host:2:b"
 
 
 @pytest.fixture
-def store(tmp_path) -> JobStore:
-    store = JobStore(tmp_path / "nested" / "jobs.db")
+def store(backend, tmp_path) -> JobStore:
+    store = JobStore(tmp_path / "nested" / "jobs.db" if backend.name == "sqlite" else backend.url)
     store.initialize()
     yield store
     store.close()
+
+
+@pytest.fixture
+def replicas(store):
+    """`replicas(n)`: n more stores on the same database, as other processes have (own pools)."""
+    made = []
+
+    def _make(n: int) -> list[JobStore]:
+        made.extend(JobStore(store.location) for _ in range(n))
+        return made[-n:]
+
+    yield _make
+    for other in made:
+        other.close()
 
 
 def new_job(job_id: str = "job-1", key: str | None = None, model: str = "demo") -> NewJob:
@@ -45,30 +63,30 @@ def pending_ids(store, job_id="job-1", after=-1, records=100, chars=10**9) -> li
 
 def test_create_keeps_the_records_and_starts_queued(store):
     job, created = store.create(new_job(), RECORDS)
-    assert created and job["status"] == "queued" and job["total"] == 5 and job["done"] == 0
-    assert job["generation"] == {"num_beams": 2} and job["dataset"] == {"file": "x.jsonl"}
+    assert created and job.status == "queued" and job.total == 5 and job.done == 0
+    assert job.generation == {"num_beams": 2} and job.dataset == {"file": "x.jsonl"}
     assert [stored.record for stored in store.pending("job-1", -1, 100, 10**9)] == RECORDS
     assert store.get("nope") is None and store.counts()["queued"] == 1
 
 
 def test_a_submission_streams_in_chunks_and_stays_invisible_until_sealed(store):
     job, created = store.begin(new_job(key="k"), A, lease_s=30)
-    assert created and job["status"] == "loading"
+    assert created and job.status == "loading"
     assert store.add_records("job-1", A, 30, [StoredRecord(i, r) for i, r in enumerate(RECORDS[:3])])
     assert not store.add_records("job-1", B, 30, [StoredRecord(3, RECORDS[3])])  # not B's
     assert store.list() == [] and store.counts() == dict.fromkeys(("queued", "running", "succeeded", "failed",
                                                                    "cancelled"), 0)
     assert store.claim_next(B, 30) is None  # nobody runs a job that is still loading
     again, new = store.begin(new_job("job-2", key="k"), B, lease_s=30)
-    assert not new and again["id"] == "job-1" and again["status"] == "loading"
+    assert not new and again.id == "job-1" and again.status == "loading"
     with pytest.raises(DuplicateId, match=r"duplicate id 'id-1' at rows 1 and 4"):
         store.add_records("job-1", A, 30, [StoredRecord(3, RECORDS[3]), StoredRecord(4, RECORDS[1])])
     with pytest.raises(DuplicateId, match=r"duplicate id 'id-3' at rows 3 and 4"):
         store.add_records("job-1", A, 30, [StoredRecord(3, RECORDS[3]), StoredRecord(4, RECORDS[3])])
     assert pending_ids(store) == ["id-0", "id-1", "id-2"]  # the refused chunks left nothing
     sealed = store.seal("job-1", A, 3)
-    assert sealed["status"] == "queued" and sealed["total"] == 3 and sealed["owner"] is None
-    assert [job["id"] for job in store.list()] == ["job-1"] and store.counts()["queued"] == 1
+    assert sealed.status == "queued" and sealed.total == 3 and sealed.owner is None
+    assert [job.id for job in store.list()] == ["job-1"] and store.counts()["queued"] == 1
 
 
 def test_discard_removes_a_job_and_a_dead_loaders_job_is_discarded(store):
@@ -79,43 +97,63 @@ def test_discard_removes_a_job_and_a_dead_loaders_job_is_discarded(store):
     assert store.discard_stale() == ["dead"]
     assert store.get("dead") is None and pending_ids(store, "dead") == [] and store.get("alive") is not None
     store.discard("alive")
-    with sqlite3.connect(store.path) as connection:
-        assert connection.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 0
+    assert sql(store, "SELECT COUNT(*) FROM records") == [(0,)]
 
 
-def test_same_idempotency_key_gives_the_existing_job_even_when_racing(store):
+def test_a_job_loading_while_its_replica_dies_is_cleaned_up_by_another_and_a_late_chunk_is_refused(store, replicas):
+    (other,) = replicas(1)
+    store.begin(new_job("orphan"), A, lease_s=0.2)
+    store.add_records("orphan", A, 0.2, [StoredRecord(i, r) for i, r in enumerate(RECORDS[:2])])
+    assert other.discard_stale() == []  # the loader's lease still holds
+    time.sleep(0.3)  # A stopped renewing: it died, or stalled past its lease
+    assert other.discard_stale() == ["orphan"] and other.discard_stale() == []
+    assert not store.add_records("orphan", A, 30, [StoredRecord(2, RECORDS[2])])  # a late chunk of A: refused
+    assert store.seal("orphan", A, 3) is None and store.get("orphan") is None
+    assert sql(store, "SELECT COUNT(*) FROM records WHERE job_id = 'orphan'") == [(0,)]
+    assert store.counts() == dict.fromkeys(("queued", "running", "succeeded", "failed", "cancelled"), 0)
+
+
+def test_same_idempotency_key_gives_one_job_across_replicas_submitting_at_once(store, replicas):
     results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(store.create(new_job(f"job-{i}", key="k"), RECORDS)))
-               for i in range(4)]
+    stores = [store, *replicas(3)]
+    start = threading.Barrier(len(stores))
+
+    def submit(i: int) -> None:
+        start.wait()
+        results.append(stores[i].create(new_job(f"job-{i}", key="k"), RECORDS))
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(stores))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert sum(created for _, created in results) == 1
-    assert len({job["id"] for job, _ in results}) == 1
-    assert len(store.list()) == 1 and store.find_by_key("k")["id"] == results[0][0]["id"]
-    with sqlite3.connect(store.path) as connection:  # the losers left no records behind
-        assert connection.execute("SELECT COUNT(*) FROM records").fetchone()[0] == len(RECORDS)
+    assert len({job.id for job, _ in results}) == 1
+    assert len(store.list()) == 1 and store.find_by_key("k").id == results[0][0].id
+    assert sql(store, "SELECT COUNT(*) FROM records") == [(len(RECORDS),)]  # the losers left no records behind
 
 
 def test_batches_are_written_once_per_example_and_only_by_the_running_owner(store):
     store.create(new_job(), RECORDS)
     assert not store.write_batch("job-1", A, rows_for(RECORDS[:2]))  # still queued
-    assert store.claim_next(A, 30)["status"] == "running"
+    assert store.claim_next(A, 30).status == "running"
     assert not store.write_batch("job-1", B, rows_for(RECORDS[:2]))  # not B's job
     assert store.write_batch("job-1", A, rows_for(RECORDS[:2]))
     assert pending_ids(store) == ["id-2", "id-3", "id-4"]
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises(StoreConflict):
         store.write_batch("job-1", A, rows_for(RECORDS[1:3]))  # id-1 again: the whole batch is refused
+    with pytest.raises(StoreConflict):
+        store.write_batch("job-1", A, rows_for(RECORDS[:2], run=2))  # written by another run: refused
+    assert store.write_batch("job-1", A, rows_for(RECORDS[:2]))  # the same batch again (a lost commit): once
     assert pending_ids(store) == ["id-2", "id-3", "id-4"]
     job = store.get("job-1")
-    assert job["done"] == 2 and job["work_s"] == 1.0 and job["active_s"] == 2.0 and job["peak_bytes"] == 2000
+    assert job.done == 2 and job.work_s == 1.0 and job.active_s == 2.0 and job.peak_bytes == 2000
     assert [b["size"] for b in store.batches("job-1")] == [2]
     refused = BatchWrite(rows=rows_for(RECORDS[2:3], error="too long").rows, positions=[2], run=1, model_call=False)
     assert store.write_batch("job-1", A, refused)
     assert [b["size"] for b in store.batches("job-1")] == [2]  # error rows without a model call: no batch
     assert store.cancel("job-1") and not store.write_batch("job-1", A, rows_for(RECORDS[3:4]))
-    assert store.get("job-1")["done"] == 3 and not store.cancel("job-1")
+    assert store.get("job-1").done == 3 and not store.cancel("job-1")
 
 
 def test_prediction_lines_come_in_record_order_across_pages_and_filter_errors(store):
@@ -132,7 +170,7 @@ def test_prediction_lines_come_in_record_order_across_pages_and_filter_errors(st
     assert store.first_failures("job-1", 2) == [("id-0", "boom"), ("id-2", "boom")]
     assert [row["id"] for row in store.iter_rows("job-1", page=2)] == [r.id for r in RECORDS]
     job = store.get("job-1")
-    assert job["done"] == 5 and job["failed"] == 3
+    assert job.done == 5 and job.failed == 3
 
 
 def test_pending_windows_stop_at_records_or_characters(store):
@@ -149,32 +187,32 @@ def test_pending_windows_stop_at_records_or_characters(store):
 def test_a_lease_keeps_others_out_until_it_expires_then_the_job_is_taken_over(store):
     store.create(new_job(), RECORDS)
     first = store.claim_next(A, lease_s=0.3)
-    assert first["owner"] == A and first["runs"] == 1
+    assert first.owner == A and first.runs == 1
     assert store.claim_next(B, 30) is None  # A's lease holds
     assert store.renew("job-1", A, 0.3) and not store.renew("job-1", B, 0.3)
     store.write_batch("job-1", A, rows_for(RECORDS[:1]))
     time.sleep(0.4)  # A stops renewing: it died
     taken = store.claim_next(B, 30)
-    assert taken["id"] == "job-1" and taken["owner"] == B and taken["runs"] == 2 and taken["stalled_runs"] == 0
+    assert taken.id == "job-1" and taken.owner == B and taken.runs == 2 and taken.stalled_runs == 0
     assert not store.renew("job-1", A, 30) and not store.write_batch("job-1", A, rows_for(RECORDS[1:2]))
     assert not store.finish("job-1", A, {}) and not store.fail("job-1", "A's late verdict", A)
     assert store.write_batch("job-1", B, rows_for(RECORDS[1:2], run=2))
-    assert store.finish("job-1", B, {"rouge": None}) and store.get("job-1")["status"] == "succeeded"
+    assert store.finish("job-1", B, {"rouge": None}) and store.get("job-1").status == "succeeded"
 
 
 def test_an_owner_takes_its_own_job_back_at_once(store):
     store.create(new_job(), RECORDS)
     store.claim_next(A, 30)
     again = store.claim_next(A, 30)  # A dropped it while the database was down, and claims again
-    assert again["id"] == "job-1" and again["runs"] == 2
+    assert again.id == "job-1" and again.runs == 2
 
 
 def test_a_clean_release_is_no_stall(store):
     store.create(new_job(), RECORDS)
     for _ in range(MAX_STALLED_RUNS + 2):  # deploys while the first batch runs: never a failure
         job = store.claim_next(A, 30)
-        assert job["status"] == "running" and job["stalled_runs"] == 0
-        assert store.release("job-1", A) and store.get("job-1")["status"] == "queued"
+        assert job.status == "running" and job.stalled_runs == 0
+        assert store.release("job-1", A) and store.get("job-1").status == "queued"
     assert not store.release("job-1", A)  # not running any more
 
 
@@ -183,10 +221,10 @@ def test_a_job_that_never_finishes_a_batch_is_failed_after_repeated_takeovers(st
     store.claim_next(A, 0)
     store.write_batch("job-1", A, rows_for(RECORDS[:1]))  # progress in run 1
     for i in range(MAX_STALLED_RUNS):  # the first takeover follows progress, the others none
-        assert store.claim_next(f"owner-{i}", 0)["status"] == "running"
+        assert store.claim_next(f"owner-{i}", 0).status == "running"
     assert store.claim_next("last", 0) is None
     job = store.get("job-1")
-    assert job["status"] == "failed" and f"stopped {MAX_STALLED_RUNS} times" in job["error"]
+    assert job.status == "failed" and f"stopped {MAX_STALLED_RUNS} times" in job.error
 
 
 def test_progress_resets_the_stall_count(store):
@@ -195,9 +233,9 @@ def test_progress_resets_the_stall_count(store):
     store.write_batch("job-1", A, rows_for(RECORDS[:1]))
     for i in range(1, MAX_STALLED_RUNS + 2):
         job = store.claim_next(f"owner-{i}", 0)
-        assert job["stalled_runs"] == 0
-        store.write_batch("job-1", f"owner-{i}", rows_for(RECORDS[i : i + 1], run=job["runs"]))
-    assert store.get("job-1")["status"] == "running"
+        assert job.stalled_runs == 0
+        store.write_batch("job-1", f"owner-{i}", rows_for(RECORDS[i : i + 1], run=job.runs))
+    assert store.get("job-1").status == "running"
 
 
 def test_counts_are_kept_by_triggers_not_counted(store):
@@ -208,104 +246,99 @@ def test_counts_are_kept_by_triggers_not_counted(store):
     store.begin(new_job("loading"), B, 30)
     expected = {"queued": 1, "running": 1, "succeeded": 0, "failed": 0, "cancelled": 1}
     assert store.counts() == expected
-    with sqlite3.connect(store.path) as connection:
-        kept = dict(connection.execute("SELECT status, n FROM job_counts WHERE n > 0"))
-        plan = " ".join(row[3] for row in connection.execute("EXPLAIN QUERY PLAN SELECT status, n FROM job_counts"))
+    kept = dict(sql(store, "SELECT status, n FROM job_counts WHERE n > 0"))
+    explain = "EXPLAIN QUERY PLAN" if store.sqlite else "EXPLAIN"
+    plan = " ".join(str(row) for row in sql(store, f"{explain} SELECT status, n FROM job_counts"))
     assert kept == {**{k: v for k, v in expected.items() if v}, "loading": 1}
     assert "jobs" not in plan.replace("job_counts", "")
 
 
-def v1_database(path) -> None:
-    """A database as the first version of the store left it: no schema version, a job mid-run."""
-    with sqlite3.connect(path, isolation_level=None) as connection:
-        migrate(connection, target=1)
-        connection.execute("PRAGMA user_version = 0")  # the first schema carried no version
-        connection.execute(
-            "INSERT INTO jobs (id, request_hash, status, model, dataset, columns, generation, total, done, failed,"
-            " runs, done_at_start, created_at) VALUES ('old', 'h', 'running', 'demo', '{}', '{}', '{}', 3, 2, 1,"
-            " 1, 0, 1.0)")
-        connection.execute("INSERT INTO jobs (id, request_hash, status, model, dataset, columns, generation, total,"
-                           " created_at) VALUES ('done', 'h', 'succeeded', 'demo', '{}', '{}', '{}', 1, 2.0)")
-        connection.executemany("INSERT INTO records VALUES ('old', ?, ?, ?, NULL)",
-                               [(i, f"id-{i}", f"text {i}") for i in range(3)])
-        connection.executemany("INSERT INTO predictions VALUES ('old', ?, ?, 0, 1, ?)", [
-            ("id-0", 0, json.dumps({"id": "id-0", "error": None})),
-            ("id-1", 1, json.dumps({"id": "id-1", "error": "too long"}))])
-        connection.executemany("INSERT INTO batches VALUES ('old', ?, 1, 1, ?, 1.0, 0.0, 1.0)", [(0, 700), (1, 900)])
+def test_a_job_is_claimed_by_one_replica_only_when_all_claim_at_once(store, replicas):
+    for i in range(6):
+        store.create(new_job(f"job-{i}"), RECORDS)
+    stores = [store, *replicas(5)]
+    claims: list[tuple[str, str]] = []
+    start = threading.Barrier(len(stores))
 
+    def claim(k: int) -> None:
+        start.wait()
+        while (job := stores[k].claim_next(f"replica-{k}", 30)) is not None:
+            claims.append((job.id, f"replica-{k}"))
+            time.sleep(0.01)  # running it, as a runner does, while the others claim
+            assert stores[k].finish(job.id, f"replica-{k}", {})
 
-def test_a_database_of_the_first_schema_migrates_forward_keeping_its_jobs(tmp_path):
-    path = tmp_path / "jobs.db"
-    v1_database(path)
-    store = JobStore(path)
-    store.initialize()
-    with sqlite3.connect(path) as connection:
-        assert version(connection) == VERSION == 4
-    old = store.get("old")
-    assert old["baselines"] == []  # jobs from before baselines asked for none
-    assert (old["status"], old["done"], old["failed"], old["peak_bytes"], old["owner"]) == ("running", 2, 1, 900, None)
-    assert store.counts() == {"queued": 0, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 0}
-    assert [row["id"] for row in map(json.loads, store.prediction_lines("old", "only"))] == ["id-1"]
-    claimed = store.claim_next(A, 30)  # left running by the old server: no lease, so claimable
-    assert claimed["id"] == "old" and claimed["runs"] == 2 and pending_ids(store, "old") == ["id-2"]
-    with pytest.raises(DuplicateId):  # the id index exists
-        store.begin(new_job("n"), A, 30)
-        store.add_records("n", A, 30, [StoredRecord(0, RECORDS[0]), StoredRecord(1, RECORDS[0])])
-    store.close()
-    again = JobStore(path)
-    again.initialize()  # opening a migrated database again changes nothing
-    assert again.get("old")["runs"] == 2
-    again.close()
-
-
-@pytest.mark.parametrize("held_s", [0.3, None])
-def test_opening_waits_for_a_writer_of_a_rollback_journal_database_up_to_the_busy_timeout(tmp_path, held_s):
-    # SQLite refuses the switch to WAL at once, without its busy handler, while another
-    # connection holds the write lock of a database still in rollback-journal mode.
-    path = tmp_path / "jobs.db"
-    v1_database(path)
-    writer = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    writer.execute("BEGIN IMMEDIATE")
-    release = threading.Timer(held_s or 30, writer.execute, args=("ROLLBACK",))
-    store = JobStore(path, busy_timeout=1.0)
-    started = time.monotonic()
-    release.start()
-    try:
-        if held_s is None:
-            with pytest.raises(sqlite3.OperationalError, match="database is locked"):
-                store.initialize()
-            assert 1.0 <= time.monotonic() - started < 5  # bounded by the busy timeout
-        else:
-            store.initialize()
-            assert time.monotonic() - started >= held_s  # it waited for the writer
-            assert store.counts()["running"] == 1
-    finally:
-        release.cancel()
-        store.close()
-        writer.close()
-
-
-def test_migrating_processes_race_safely_and_a_newer_schema_is_refused(tmp_path):
-    path = tmp_path / "jobs.db"
-    v1_database(path)
-    stores = [JobStore(path) for _ in range(4)]
-    errors = []
-
-    def open_store(store):
-        try:
-            store.initialize()
-        except Exception as error:  # noqa: BLE001 - collected for the assertion
-            errors.append(error)
-
-    threads = [threading.Thread(target=open_store, args=(store,)) for store in stores]
+    threads = [threading.Thread(target=claim, args=(k,)) for k in range(len(stores))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert errors == [] and stores[0].counts()["running"] == 1
-    for store in stores:
-        store.close()
-    with sqlite3.connect(path) as connection:
-        connection.execute(f"PRAGMA user_version = {VERSION + 1}")
-    with pytest.raises(SchemaTooNew, match=f"schema version {VERSION + 1}"):
-        JobStore(path).initialize()
+    assert sorted(job_id for job_id, _ in claims) == [f"job-{i}" for i in range(6)]  # each job once
+    assert all(store.get(job_id).runs == 1 for job_id, _ in claims) and store.counts()["succeeded"] == 6
+
+
+def test_a_cancel_on_another_replica_stops_the_owner_at_its_next_write(store, replicas):
+    (other,) = replicas(1)
+    store.create(new_job(), RECORDS)
+    store.claim_next(A, 30)
+    assert store.write_batch("job-1", A, rows_for(RECORDS[:1]))
+    assert other.cancel("job-1")
+    assert not store.renew("job-1", A, 30)  # what the owner's heartbeat sees: not ours any more
+    assert not store.write_batch("job-1", A, rows_for(RECORDS[1:2]))
+    assert not store.finish("job-1", A, {}) and other.get("job-1").status == "cancelled"
+    assert [row["id"] for row in other.iter_rows("job-1")] == ["id-0"]
+
+
+def test_the_pool_is_bounded_by_its_settings(store):
+    from app.jobs.database import PoolLimits, StoreError
+
+    bounded = JobStore(store.location, pool=PoolLimits(size=1, overflow=1, timeout_s=0.3))
+    bounded.initialize()
+    hold, holding = threading.Event(), threading.Semaphore(0)
+
+    def reader() -> None:
+        with bounded._read() as connection:
+            connection.exec_driver_sql("SELECT 1")
+            holding.release()
+            hold.wait(10)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for _ in threads:
+            assert holding.acquire(timeout=10)
+        started = time.monotonic()
+        with pytest.raises(StoreError, match="busy .every pooled connection is in use"):
+            bounded.get("job-1")
+        assert time.monotonic() - started >= 0.3  # it waited for a connection first
+        assert bounded.engine.pool.checkedout() == 2
+    finally:
+        hold.set()
+        for thread in threads:
+            thread.join()
+    assert bounded.get("nope") is None and bounded.engine.pool.checkedout() == 0
+    bounded.close()
+
+
+def test_listing_reaches_every_one_of_2500_jobs_page_by_page_both_ways(store):
+    jobs = [{"id": f"job-{i:04d}", "created_at": 1000.0 + i // 25} for i in range(2500)]  # 25 share each time
+    insert = ("INSERT INTO jobs (id, request_hash, status, model, dataset, columns, generation, total, created_at)"
+              " VALUES (:id, 'h', :status, 'demo', '{}', '{}', '{}', 1, :created_at)")
+    with store.engine.begin() as connection:
+        connection.execute(text(insert), [{**job, "status": "succeeded" if i % 3 else "failed"}
+                                          for i, job in enumerate(jobs)])
+    newest_first = [job["id"] for job in sorted(jobs, key=lambda job: (job["created_at"], job["id"]), reverse=True)]
+    seen, before = [], None
+    while page := store.list(limit=300, before=before):
+        seen += [job.id for job in page]
+        before = store.key(page[-1])
+    assert seen == newest_first  # every job once, in order
+    back, after = [], store.key(store.get(newest_first[-1]))
+    while page := store.list(limit=300, after=after):
+        back = [job.id for job in page] + back
+        after = store.key(page[0])
+    assert back == newest_first[:-1]
+    failed = [job.id for job in store.list("failed", limit=5000)]
+    assert failed == [job_id for job_id in newest_first if int(job_id[4:]) % 3 == 0]
+    tied = store.list("failed", limit=2, before=store.key(store.get("job-0003")))  # same time: the id decides
+    assert [job.id for job in tied] == ["job-0000"]

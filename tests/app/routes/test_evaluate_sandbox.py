@@ -19,6 +19,7 @@ from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
     data_dir,
     make_jobs_app,
     prediction_rows,
+    sql,
     wait_for_job,
 )
 
@@ -281,9 +282,8 @@ def test_a_submission_past_its_deadline_stops_loading_and_leaves_no_job(make_job
         seen, deadline = -1, time.monotonic() + 30
         while time.monotonic() < deadline:  # until reading has stopped and what it wrote is gone
             listed = client.get("/evaluate").json()["jobs"]
-            with client.app.state.jobs.store._read() as connection:
-                left = [connection.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
-                        for table in ("jobs", "records")]
+            store = client.app.state.jobs.store
+            left = [sql(store, f"SELECT COUNT(*) FROM {table}")[0][0] for table in ("jobs", "records")]
             if len(read) == seen and listed == [] and left == [0, 0]:
                 break
             seen = len(read)

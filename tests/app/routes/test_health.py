@@ -4,17 +4,62 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from bart_opt import Bart
+
 from tests.app.helpers import FAST, Gate, async_serving, serving, until
+from tests.app.jobs.helpers import data_dir, make_jobs_app  # noqa: F401 - fixtures
 
 
-def test_health_and_ready_once_loaded(client):
-    assert client.get("/health").json() == {"status": "ok"}
+def test_health_and_ready_once_loaded(client, make_app, tmp_path):
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and 0 < health["descriptors"]["open"] < health["descriptors"]["limit"]
     ready = client.get("/ready")
     assert ready.status_code == 200
+    settings = client.app.state.settings
+    assert not Path(settings.data_dir).is_dir()  # the default ./data is not there where the tests run
     # A local checkpoint is shown by its folder name: no server path leaves the service.
-    assert ready.json() == {"status": "ready", "model": Path(client.app.state.settings.model).name, "device": "cpu"}
+    assert ready.json() == {
+        "status": "ready", "model": Path(settings.model).name, "device": "cpu",
+        "fingerprint": str(Bart.from_pretrained(settings.model).fingerprint),
+        "warnings": [{"code": "data_dir_missing", "message": "the data directory BART_OPT_DATA_DIR (./data) does not "
+                      "exist or is not a folder: evaluation jobs on files are refused until it is created"}],
+    }  # fmt: skip
+
+
+def test_a_missing_data_dir_is_logged_at_start_and_shown_until_it_is_created(make_app, tmp_path, caplog):
+    missing = tmp_path / "datasets"
+    with caplog.at_level(logging.WARNING, logger="app"), serving(make_app(data_dir=str(missing))) as client:
+        warnings = client.get("/ready").json()["warnings"]
+        assert [w["code"] for w in warnings] == ["data_dir_missing"]
+        assert "BART_OPT_DATA_DIR (datasets)" in warnings[0]["message"] and str(tmp_path) not in warnings[0]["message"]
+        refused = client.post("/evaluate", json={"dataset": {"file": "cnn.jsonl"}})
+        assert refused.status_code == 422 and "BART_OPT_DATA_DIR" in refused.text
+        missing.mkdir()
+        assert client.get("/ready").json()["warnings"] == []
+    logged = [r.getMessage() for r in caplog.records if r.name == "app.startup"]
+    assert len(logged) == 1 and str(missing.resolve()) in logged[0]
+
+
+def test_a_model_folder_without_its_tokenizer_is_not_ready_and_says_which_files(make_app, demo_checkpoint, tmp_path):
+    folder = Path(shutil.copytree(demo_checkpoint, tmp_path / "no-tokenizer"))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    app = make_app(model=str(folder))
+    with serving(app, wait_ready=False) as client:
+        assert not app.state.service.worker.wait_ready(60)
+        ready, summarize = client.get("/ready"), client.post("/summarize", json={"texts": ["a text"]})
+    for response in (ready, summarize):
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert error["code"] == "model_load_failed"
+        assert "tokenizer files are missing: there is no tokenizer.json, and no vocab.json and no merges.txt" in error["message"]
+        assert str(tmp_path) not in response.text and "Error" not in response.text
 
 
 def test_model_that_fails_to_load_keeps_ready_at_503_without_server_details(make_app, tmp_path, caplog):
@@ -75,3 +120,50 @@ def test_a_dead_worker_fails_waiting_requests_at_once_and_turns_health_and_ready
         assert "scheduler bug" not in response.text
     assert "restart" in health.json()["error"]["message"]
     assert len(worker_errors) == 1 and "scheduler bug" in worker_errors[0].exc_text
+
+
+def test_health_reports_descriptors_against_the_limit_and_turns_503_near_it(make_app):
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with serving(make_app()) as client:
+        healthy = client.get("/health").json()["descriptors"]
+        opened = len(os.listdir("/proc/self/fd"))
+        fraction = (opened - 20) / soft  # below what the process holds already
+        client.app.state.settings.fd_unhealthy_fraction = fraction
+        near = client.get("/health")
+    assert healthy["limit"] == soft and abs(healthy["open"] - opened) < 20
+    assert near.status_code == 503 and "retry-after" not in near.headers
+    error = near.json()["error"]
+    assert error["code"] == "descriptors_exhausted" and f"of the {soft} file descriptors" in error["message"]
+
+
+def test_descriptors_return_to_their_baseline_after_bursts_of_concurrent_job_reads(make_jobs_app, monkeypatch):
+    """40 concurrent GET /evaluate/{id} per burst, idle gaps in between in which the request threads
+    exit (anyio's idle time, 10 s, made 0.2 s here): the process's descriptors come back to where they
+    were. Each thread kept a SQLite connection of its own (two descriptors) before the pool."""
+    from anyio._backends._asyncio import WorkerThread
+
+    monkeypatch.setattr(WorkerThread, "MAX_IDLE_TIME", 0.2)
+    with serving(make_jobs_app()) as client:
+        submitted = client.post("/evaluate", json={"dataset": {"records": [{"id": "a", "text": "The city voted.", "reference": "A vote."}]},
+                                                   "generation": FAST})
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["id"]
+
+        def burst() -> int:
+            with ThreadPoolExecutor(40) as pool:
+                answers = list(pool.map(lambda _: client.get(f"/evaluate/{job_id}").status_code, range(40)))
+            assert answers == [200] * 40
+            time.sleep(0.5)  # the request threads go idle past their idle time...
+            client.get("/health")  # ...and the next request retires them
+            time.sleep(0.2)
+            return len(os.listdir("/proc/self/fd"))
+
+        before = len(os.listdir("/proc/self/fd"))
+        # The pool fills up to its size once; SQLite keeps a closed connection's descriptor for the
+        # next one while others hold locks on the file (its unix VFS), a bounded few.
+        baseline = max(burst() for _ in range(3))
+        counts = [burst() for _ in range(5)]
+    assert max(counts) - baseline <= 4, (before, baseline, counts)  # before the pool: +36 to +44 a burst
+    assert baseline - before <= 2 * 15 + 4  # at most the pool's 15 connections, two descriptors each

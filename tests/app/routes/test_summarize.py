@@ -458,3 +458,29 @@ def test_32_simultaneous_requests_get_200_or_429_and_their_own_summaries(make_ap
             assert response.json()["summaries"] == direct.summarize([text], **generation).summaries
         else:
             assert response.json()["error"]["code"] == "queue_full" and response.headers["retry-after"]
+
+
+def test_a_text_spelling_a_token_past_the_embedding_is_a_422_and_fails_alone_in_a_job(make_checkpoint, tmp_path):
+    """facebook/bart-large-cnn's layout: its tokenizer's <mask> (id 50264) has no row among its 50,264."""
+    from transformers import AutoTokenizer
+
+    from app.main import create_app
+    from tests.app.jobs.helpers import prediction_rows, wait_for_job
+
+    folder = Path(shutil.copytree(make_checkpoint(vocab_size=300), tmp_path / "extra"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<extra>"]})
+    tokenizer.save_pretrained(str(folder))
+    app = create_app(Settings(model=str(folder), db=str(tmp_path / "jobs.db"), data_dir=str(tmp_path)))
+    with serving(app) as client:
+        refused = summarize(client, ["A fine text.", "A text with <extra> in it."])
+        assert refused.status_code == 422, refused.text
+        error = refused.json()["error"]
+        assert error["field"] == "texts[1]" and "'<extra>' (id 300)" in error["message"]
+        assert summarize(client, ["A fine text."]).status_code == 200
+        records = [{"id": "fine", "text": "The council met."}, {"id": "bad", "text": "It said <extra> twice."}]
+        job = client.post("/evaluate", json={"dataset": {"records": records}, "summary_column": None,
+                                             "generation": FAST}).json()  # fmt: skip
+        assert wait_for_job(client, job["id"])["status"] == "succeeded"
+        rows = {row["id"]: row for row in prediction_rows(client, job["id"])}
+        assert rows["fine"]["error"] is None and "'<extra>'" in rows["bad"]["error"]

@@ -105,3 +105,24 @@ def test_quantize_is_refused_where_it_cannot_run(capsys):
             raise AssertionError(f"{argv} was accepted")
     err = capsys.readouterr().err
     assert "--quantize is for bart_opt against transformers on a CPU" in err and "invalid choice: 'int4'" in err
+
+
+def test_static_adds_its_engine_row_and_a_throughput_table(tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    assert bench.main(["--size", "tiny", "--device", "cpu", "--max-len", "24", "--batch-size", "2", "--repeats", "0",
+                       "--threads", "1", "--skip-exact", "--skip-overhead", "--static", "--tasks",
+                       "generate_9,throughput_cnn", "--json", str(out_json)]) == 0
+    payload = json.loads(out_json.read_text())
+    rows = {(r["engine"], r["task"]): r for r in payload["results"]}
+    assert set(rows) == {(e, t) for e in ("transformers", "bart_opt", "bart_opt_static")
+                         for t in ("generate_9", "throughput_cnn")}
+    for task in ("generate_9", "throughput_cnn"):
+        assert rows["bart_opt_static", task]["equal_to_transformers"] is True
+        static = payload["ratios"][task]["static"]
+        assert static["outputs_equal"] is True
+        assert static["seconds_vs_default"] == rows["bart_opt_static", task]["seconds"] / rows["bart_opt", task]["seconds"]
+    assert payload["profiles"] == {"transformers": None, "bart_opt": None, "bart_opt_static": None}
+    printed = capsys.readouterr().out
+    assert "| throughput_cnn | static |" in printed
+    docs = rows["bart_opt_static", "throughput_cnn"]["samples_per_s"]
+    assert f"| bart_opt_static | {docs:.2f} |" in printed and "| n/a | n/a | n/a | n/a |" in printed

@@ -1,35 +1,25 @@
-"""The jobs database's schema, versioned with ``PRAGMA user_version`` and migrated forward on open.
+"""The jobs database's schema before Alembic: versions 1 to 4, frozen, for SQLite files made by then.
 
-`migrate(connection)` brings a database of any earlier version (0: empty, or the unversioned
-first schema, which is version 1's tables) to `VERSION`, one step per transaction, so a
-process that stops mid-way leaves a database of a whole version. Each step re-reads the
-version inside its write transaction, so several processes opening the same file at once
-migrate it once. A database newer than this code is refused (`SchemaTooNew`), never
-downgraded. Steps are SQL scripts split into statements here, because
-``sqlite3.executescript`` would commit the transaction half way.
+Until Alembic took over (`app.jobs.migrations`), the schema was versioned with ``PRAGMA
+user_version`` and these steps ran on open. They are history now and never change: the
+baseline revision (``versions/0004_baseline.py``) runs them on a SQLite file of version 1 to 3
+(version 0, the unversioned first schema, reads as 1), so such a file reaches version 4
+in place and then goes on with Alembic's revisions. A new database never runs them.
 
-Version 2 (this module's reason to exist):
+What each version added:
 
-- ``jobs``: status ``loading`` (records still streaming in; invisible to the API and the
-  runner), ``owner`` and ``lease_until`` (the process running or loading the job, and until
-  when its claim holds), ``peak_bytes`` (kept up to date instead of a MAX over ``batches``),
-  ``done_at_start`` nullable (NULL: the last run was released cleanly, not a stall).
-- ``records.error``: why a record cannot run (too long, not encodable), found at submission;
-  ids unique per job through an index.
-- ``predictions.failed``: 1 for rows with an error, with a partial index, so the failures of
-  a job are listed without reading its other rows.
-- ``job_counts``: jobs per status, maintained by triggers, so counting never scans ``jobs``.
-
-Version 3: ``jobs.status_detail``, what a running job is waiting for or running on, in words
-(set by the runner of a job on a Ray cluster; NULL otherwise and once the job leaves ``running``).
-
-Version 4: ``jobs.baselines``, the baselines (JSON list of names, e.g. ``["lead-3"]``) scored
-beside the model when the job ends.
+- 2: ``jobs.status`` ``loading`` (records still streaming in), ``owner`` and ``lease_until``
+  (the lease), ``peak_bytes``, a nullable ``done_at_start``; ``records.error`` and ids unique
+  per job; ``predictions.failed`` with a partial index; ``job_counts`` kept by triggers.
+- 3: ``jobs.status_detail``, what a running job waits for or runs on.
+- 4: ``jobs.baselines``, the baselines (JSON list of names) scored beside the model.
 """
 
 from __future__ import annotations
 
 import sqlite3
+
+from sqlalchemy.engine import Connection
 
 _V1 = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -162,43 +152,20 @@ STEPS = (_V1, _V2, _V3, _V4)  # STEPS[k] takes a database from version k to vers
 VERSION = len(STEPS)
 
 
-class SchemaTooNew(RuntimeError):
-    """The database was written by a newer version of this service."""
-
-
-def version(connection: sqlite3.Connection) -> int:
-    """The database's schema version (0 for a new file or one made before versions)."""
-    found = connection.execute("PRAGMA user_version").fetchone()[0]
-    if found == 0 and connection.execute("SELECT 1 FROM sqlite_master WHERE name = 'jobs'").fetchone():
-        return 1  # the first schema carried no version
+def version(connection: Connection) -> int:
+    """A pre-Alembic SQLite database's schema version (0 for an empty file; 1 for the unversioned first schema)."""
+    found = connection.exec_driver_sql("PRAGMA user_version").scalar_one()
+    if found == 0 and connection.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name = 'jobs'").first():
+        return 1
     return found
 
 
-def migrate(connection: sqlite3.Connection, target: int = VERSION) -> list[int]:
-    """Bring the database up to `target`, one transaction per step; returns the versions reached.
-
-    `connection` must be in autocommit mode (``isolation_level=None``).
-    """
-    reached = []
-    while True:
-        connection.execute("BEGIN IMMEDIATE")
-        try:
-            current = version(connection)
-            if current > VERSION:
-                raise SchemaTooNew(f"the jobs database has schema version {current}; this server knows up to "
-                                   f"{VERSION}: run a newer server on it")
-            if current >= target:
-                connection.execute("COMMIT")
-                return reached
-            for statement in _statements(STEPS[current]):
-                connection.execute(statement)
-            connection.execute(f"PRAGMA user_version = {current + 1}")
-            connection.execute("COMMIT")
-        except BaseException:
-            if connection.in_transaction:
-                connection.execute("ROLLBACK")
-            raise
-        reached.append(current + 1)
+def upgrade(connection: Connection, target: int = VERSION) -> None:
+    """Run the steps from the database's version up to `target` inside the caller's transaction."""
+    for step in range(version(connection), target):
+        for statement in _statements(STEPS[step]):
+            connection.exec_driver_sql(statement)
+        connection.exec_driver_sql(f"PRAGMA user_version = {step + 1}")
 
 
 def _statements(script: str) -> list[str]:

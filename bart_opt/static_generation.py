@@ -1,0 +1,332 @@
+"""Greedy and beam search at fixed shapes, with no host syncs between checks (`Bart.static`).
+
+The default search (`bart_opt.generation`) reads the device after every decoder step: whether an
+input finished, which cache rows a beam step moved, which n-grams to ban. On a GPU each read
+stalls the host until the GPU is idle, and every step's few hundred kernels are launched one by
+one. The static search keeps everything a step decides on the device, so that steps can be queued
+without waiting, and on CUDA each step is one CUDA graph replay (`bart_opt.graphs`):
+
+* rows are bucketed: an input that finished stays in the working batch, masked (its result is
+  recorded on the device when it settles), until the unsettled inputs fit a smaller bucket (a power
+  of two); then the batch is compacted, at a check, where the host reads the device anyway;
+* the current length lives on the device (`DeviceLength`), and with it the positions, the
+  min-length and forced-token conditions (`bart_opt.processors.DeviceProcessors`) and the
+  length-penalty divisors (a table made once per call);
+* the self-attention cache has a fixed length and a history table instead of moved rows
+  (`bart_opt.cache.StaticKVCache`); cross-attention is one call for the batch with an additive
+  mask made once (`bart_opt.cross_attention.StaticCrossAttention`);
+* the n-gram ban is a dense scatter (`bart_opt.processors.ban_repeated_ngrams_dense`);
+* whether every input is done is read every `CHECK_EVERY` steps, once EOS is allowed.
+
+The beam bookkeeping is the default's own (`bart_opt.generation.beam_step`, run on a
+`DeviceLength`), so the scores are the same expressions. Its layout is the default's off the CPU
+(one attention call for the batch, padded keys masked) on every device. What differs from the
+default in the arithmetic: self-attention attends over the whole fixed-length cache with the
+unwritten positions masked (the kernel rounds differently in the last bits from one over the
+written positions only), and finished inputs stay in the matrix products until the next bucket.
+Its ids are the default's up to near-ties resolved differently (docs/gpu.md publishes how often).
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+
+import torch
+
+from bart_opt.cache import StaticKVCache
+from bart_opt.generation import Cancelled, beam_step, frozen, init_beams, prepare, update_improvable
+from bart_opt.graphs import StepGraphs
+from bart_opt.processors import DeviceProcessors
+from bart_opt.spec import GenerationSpec
+
+CHECK_EVERY = 4
+"""Decoder steps between two reads of "is every input done" (the static search's only sync in its loop).
+
+Each read drains the GPU's queue: the host waits for the last step, then has to queue the next
+one before the GPU has work again, a bubble of one graph launch and the host's bookkeeping (tens
+of microseconds). Reading less often wastes steps instead: after the last input settles, up to
+k - 1 steps run for nothing, and a bucket change waits up to k - 1 steps. A decoder step at
+bart-large shape costs milliseconds on an H200 and a bubble tens of microseconds, so the smallest
+k the issue allows wins: 4 (at most 3 wasted steps a call, against ~80 steps of work; docs/gpu.md)."""
+
+
+class DeviceLength:
+    """The current length (tokens so far, the start token included) on the device, (1,) long,
+    with `bart_opt.generation.HostLength`'s methods, so that `beam_step` runs on it unchanged.
+
+    The length penalty `t ** length_penalty` is computed for every length once (as the default
+    computes it, a Python float, then float32) and divided by as the default's Python-scalar
+    division rounds: on a CPU a float32 division; on CUDA, where torch multiplies by the float32
+    reciprocal of a scalar divisor, a multiplication by that reciprocal.
+    """
+
+    def __init__(self, spec: GenerationSpec, device: torch.device):
+        self.spec = spec
+        self.value = torch.ones(1, dtype=torch.long, device=device)  # (1,)
+        lp = spec.length_penalty
+        powers = torch.tensor([float(t) ** lp if t else 1.0 for t in range(spec.max_length + 1)]).float()  # (L+1,)
+        self._reciprocal = device.type == "cuda"
+        self._divisors = (1.0 / powers if self._reciprocal else powers).to(device)  # (L+1,)
+        self.eos = None if spec.eos_token_id is None else torch.tensor(spec.eos_token_id, device=device)  # (E,)
+
+    def advance(self) -> None:
+        self.value += 1
+
+    def write(self, seqs: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Put `tokens` (A, K) at the current position of `seqs` (A, K, L)."""
+        seqs.index_copy_(2, self.value, tokens[..., None])
+
+    def stop_hits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Whether appending `tokens` (any shape) at the current position ends a sequence (max length or EOS)."""
+        hits = (self.value >= self.spec.max_length - 1).expand(tokens.shape)
+        if self.eos is None:
+            return hits
+        return hits | (tokens[..., None] == self.eos).any(dim=-1)
+
+    def _penalized(self, scores: torch.Tensor, length: torch.Tensor) -> torch.Tensor:
+        divisor = self._divisors.index_select(0, length)  # (1,)
+        return scores * divisor if self._reciprocal else scores / divisor
+
+    def finished_scores(self, scores: torch.Tensor) -> torch.Tensor:
+        return self._penalized(scores, self.value)
+
+    def best_running(self, scores: torch.Tensor) -> torch.Tensor:
+        s = self.spec
+        if s.early_stopping == "never" and s.length_penalty > 0.0:  # a constant: the default's own division
+            return scores / ((s.max_length - 1) ** s.length_penalty)
+        return self._penalized(scores, self.value - 1)
+
+    def lengths_like(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.value.expand(tokens.shape)
+
+
+def bucket(inputs: int, size: int) -> int:
+    """The bucket (working inputs) for `inputs` unsettled ones in a batch of `size` now: the smallest power
+    of two that holds them, or `size` itself when that is not smaller."""
+    return min(size, 1 << max(inputs - 1, 0).bit_length())
+
+
+class _Search(ABC):
+    """What the greedy and beam searches share: the model's decoder state at fixed shapes.
+
+    `step()` runs one decoder step entirely on the device and updates every tensor it reads in
+    place (a CUDA graph replays it against the addresses it was captured with). Everything else
+    (`cancel`, `done`, `compact`, `result`) runs between steps, on the host's schedule.
+    """
+
+    beams = 1
+
+    def __init__(self, model, batch: int, cross, spec: GenerationSpec):
+        self.model, self.cross, self.spec, self.batch = model, cross, spec, batch
+        device = model.device
+        self.items = torch.arange(batch, device=device)  # (A,) original batch index of each working input
+        self.length = DeviceLength(spec, device)
+        self.procs = DeviceProcessors(spec, model.config.vocab_size, device)
+        c = model.config
+        self.cache = StaticKVCache(c.decoder_layers, batch * self.beams, c.decoder_attention_heads, spec.max_length - 1,
+                                   c.d_model // c.decoder_attention_heads, dtype=model.dtype, device=device)
+        self._buffers()
+
+    def _buffers(self) -> None:
+        """Half-precision logits are widened into one float32 buffer per bucket (see `Bart.decode_step`)."""
+        rows = self.items.shape[0] * self.beams
+        vocab = self.model.config.vocab_size
+        self.logits = None if self.model.dtype == torch.float32 else torch.empty(
+            rows, vocab, dtype=torch.float32, device=self.model.device)  # (A*nb, V)
+
+    @property
+    def size(self) -> int:
+        """Working inputs (the bucket)."""
+        return self.items.shape[0]
+
+    @abstractmethod
+    def step(self) -> None:
+        """One decoder step for every working input, on the device."""
+
+    @abstractmethod
+    def done(self) -> torch.Tensor:
+        """(A,) bool: the working inputs whose result is final (settled, ended or cancelled)."""
+
+    @abstractmethod
+    def _select(self, order: torch.Tensor) -> None:
+        """Keep the working inputs `order` (A',) in that order: the search's own state."""
+
+    @abstractmethod
+    def _cancel(self, dropped: torch.Tensor) -> None:
+        """Stop the working inputs `dropped` (A,) bool."""
+
+    @abstractmethod
+    def record(self) -> None:
+        """Copy the working inputs' results into the call's output (a settled one's is final)."""
+
+    @abstractmethod
+    def result(self) -> torch.Tensor:
+        """The call's output ids (B, L'), L' as long as the longest result."""
+
+    def compact(self, size: int, settled: torch.Tensor) -> None:
+        """Shrink the working batch to `size` inputs, the unsettled ones (`settled` (A,) False) first;
+        the others that fill the bucket are settled, so nothing they compute is recorded."""
+        self.record()
+        order = torch.argsort(settled.to(torch.uint8), stable=True)[:size]  # (A',) unsettled first: no host read
+        self.items = self.items[order]
+        self._select(order)
+        self.cross.keep(order)
+        nb = self.beams
+        self.cache.keep((order[:, None] * nb + torch.arange(nb, device=order.device)).flatten())
+        self._buffers()
+
+    def cancel(self, rows: set[int]) -> None:
+        """Stop the original batch rows `rows` (not yet cancelled) at this step, as the default does."""
+        marked = torch.zeros(self.batch, dtype=torch.bool)  # (B,) built on the host, copied without a sync
+        marked[sorted(rows)] = True
+        self._cancel(marked.to(self.items.device, non_blocking=True)[self.items])  # (A,)
+
+
+class GreedySearch(_Search):
+    """Greedy search at fixed shapes: an ended row keeps decoding, its output masked, until it leaves
+    with its bucket; `ended_at` records where the call's output may end."""
+
+    def __init__(self, model, batch: int, cross, spec: GenerationSpec):
+        super().__init__(model, batch, cross, spec)
+        device = model.device
+        self.fill = spec.pad_token_id if spec.pad_token_id is not None else -1
+        self.out = torch.full((batch, spec.max_length), self.fill, dtype=torch.long, device=device)  # (B, L)
+        self.out[:, 0] = spec.decoder_start_token_id
+        self.seqs = self.out.clone()  # (A, L) the working rows' outputs
+        self.ended = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) finished or cancelled
+        self.ended_at = torch.zeros(batch, dtype=torch.long, device=device)  # (A,) length when it ended
+        self.out_ended_at = self.ended_at.clone()  # (B,)
+
+    def step(self) -> None:
+        length = self.length
+        tokens = self.seqs.index_select(1, length.value - 1).clamp_(min=0)  # (A, 1); an ended row's padding may be -1
+        logits = self.model.decode_step(tokens, self.cross, self.cache, out=self.logits)  # (A, V)
+        next_tokens = self.procs(self.seqs, length.value, logits).argmax(dim=-1)  # (A,)
+        self.seqs.index_copy_(1, length.value, next_tokens.masked_fill(self.ended, self.fill)[:, None])
+        hits = length.stop_hits(next_tokens)  # (A,)
+        length.advance()
+        torch.where(hits & ~self.ended, length.value, self.ended_at, out=self.ended_at)
+        self.ended |= hits
+
+    def done(self) -> torch.Tensor:
+        return self.ended
+
+    def _select(self, order: torch.Tensor) -> None:
+        self.seqs, self.ended, self.ended_at = self.seqs[order], self.ended[order], self.ended_at[order]
+
+    def _cancel(self, dropped: torch.Tensor) -> None:
+        cut = dropped & ~self.ended  # (A,) rows stopped before they finished: start token and padding
+        self.seqs[:, 1:].masked_fill_(cut[:, None], self.fill)
+        torch.where(cut, self.length.value, self.ended_at, out=self.ended_at)
+        self.ended |= dropped
+
+    def record(self) -> None:
+        self.out.index_copy_(0, self.items, self.seqs)
+        self.out_ended_at.index_copy_(0, self.items, self.ended_at)
+
+    def result(self) -> torch.Tensor:
+        self.record()
+        return self.out[:, : int(self.out_ended_at.max())]
+
+
+class BeamSearch(_Search):
+    """Beam search at fixed shapes: `generation.BeamState` for the working inputs, plus which are
+    settled and their results, recorded on the device when they settle."""
+
+    def __init__(self, model, batch: int, cross, spec: GenerationSpec):
+        self.beams = spec.num_beams
+        super().__init__(model, batch, cross, spec)
+        device = model.device
+        self.st = init_beams(batch, self.beams, spec, device)
+        self.settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
+        self.results = self.st.finished[:, 0].clone()  # (A, L) best hypothesis once settled
+        self.result_lengths = torch.zeros(batch, dtype=torch.long, device=device)  # (A,)
+        self.out, self.out_lengths = self.results.clone(), self.result_lengths.clone()  # (B, L), (B,)
+
+    def _buffers(self) -> None:
+        super()._buffers()
+        a, nb = self.items.shape[0], self.beams
+        self.log_probs = torch.empty(a * nb, self.model.config.vocab_size, dtype=torch.float32,
+                                     device=self.model.device)  # (A*nb, V)
+        self.first_rows = torch.arange(a, device=self.model.device)[:, None] * nb  # (A, 1) each input's first row
+
+    def step(self) -> None:
+        st, s, length = self.st, self.spec, self.length
+        a, nb = st.running.shape[:2]
+        seqs = st.running.view(a * nb, -1)  # (A*nb, L)
+        tokens = seqs.index_select(1, length.value - 1)  # (A*nb, 1)
+        logits = self.model.decode_step(tokens, self.cross, self.cache, out=self.logits)  # (A*nb, V)
+        log_probs = torch.log_softmax(logits, dim=-1, out=self.log_probs)
+        log_probs = self.procs(seqs, length.value, log_probs)
+        work = copy.copy(st)  # `beam_step` rebinds its state's fields; `st`'s tensors take the results in place
+        parents = beam_step(work, log_probs, length, s)  # (A, nb)
+        self.cache.reorder((self.first_rows + parents).flatten())
+        length.advance()
+        update_improvable(work, length)
+        done = frozen(work, s) | (length.value >= s.max_length)  # (A,)
+        newly = done & ~self.settled
+        torch.where(newly[:, None], work.finished[:, 0], self.results, out=self.results)
+        torch.where(newly, work.finished_lengths[:, 0], self.result_lengths, out=self.result_lengths)
+        self.settled |= done
+        for name in ("running", "running_scores", "finished", "finished_scores", "finished_lengths", "is_finished",
+                     "improvable"):
+            getattr(st, name).copy_(getattr(work, name))
+
+    def done(self) -> torch.Tensor:
+        return self.settled
+
+    def _select(self, order: torch.Tensor) -> None:
+        self.st.select(order)
+        self.settled, self.results, self.result_lengths = (
+            self.settled[order], self.results[order], self.result_lengths[order])
+
+    def _cancel(self, dropped: torch.Tensor) -> None:
+        self.settled |= dropped  # their results keep the start token and padding they began with
+
+    def record(self) -> None:
+        self.out.index_copy_(0, self.items, self.results)
+        self.out_lengths.index_copy_(0, self.items, self.result_lengths)
+
+    def result(self) -> torch.Tensor:
+        self.record()
+        return self.out[:, : 1 + int(self.out_lengths.max())]
+
+
+@torch.inference_mode()
+def generate_static(model, input_ids, attention_mask=None, spec: GenerationSpec | None = None, *,
+                    cancelled: Cancelled | None = None, **kwargs) -> torch.Tensor:
+    """`bart_opt.generation.generate` through the static search: the same settings, options and
+    `cancelled` semantics (polled after every step; the rows it names stop there and come back as
+    the start token and padding), the same ids up to near-ties resolved differently.
+    """
+    spec, ids, mask = prepare(model, input_ids, attention_mask, spec, kwargs)
+    memory = model.encode(ids, mask)
+    cross = model.cross_attention(memory, mask, beams=spec.num_beams)
+    del memory  # only the per-layer keys/values are needed from here on
+    batch = ids.shape[0]
+    search = (GreedySearch if spec.num_beams == 1 else BeamSearch)(model, batch, cross, spec)
+    graphs = StepGraphs(search.step, model.device)
+    # No input can settle before EOS is allowed: the first check waits for it.
+    first_check = spec.min_length + 1 if spec.eos_token_id is not None and spec.min_length > 0 else 2
+    stopped: set[int] = set()
+    cur_len = 1  # the host's copy of `search.length`: it knows how many steps it queued
+    while True:
+        graphs.run(search.size)
+        cur_len += 1
+        if cancelled is not None:
+            rows = {r for r in cancelled() if 0 <= r < batch} - stopped
+            if rows:
+                search.cancel(rows)
+                stopped |= rows
+        if cur_len >= spec.max_length or len(stopped) == batch:
+            return search.result()
+        if cur_len >= first_check and (cur_len - first_check) % CHECK_EVERY == 0:
+            model.log_mem("static step %d", cur_len - 1)
+            settled = search.done()
+            left = int((~settled).sum())  # the loop's one host read, every CHECK_EVERY steps
+            if left == 0:
+                return search.result()
+            size = bucket(left, search.size)
+            if size < search.size:
+                search.compact(size, settled)

@@ -3,8 +3,9 @@
 The kernel (`bart_opt/csrc/decode_attention.cpp`) needs AVX512-BF16 and is compiled on the
 machine that runs it by torch's extension builder the first time it is asked for (about 30 s,
 then cached by torch under `TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`).
-Where the CPU lacks AVX512-BF16 (or a limit keeps torch below AVX-512: `bart_opt.hardware`), or the build fails (no C++ compiler), the fast mode logs why
-once and runs torch's attention kernel instead: only the speed differs.
+Where the CPU lacks AVX512-BF16 (or a limit keeps torch below AVX-512: `bart_opt.hardware`), or
+the build fails (no C++ compiler), the fast mode logs why once and runs torch's attention kernel
+instead: only the speed differs.
 
 The kernel spreads its (row, head) pairs over torch's intra-op threads (`torch.set_num_threads`;
 the module's `parallel_threads()` says how many its loop runs on), each pair on one thread in one

@@ -22,8 +22,9 @@ Which layers (bart-base shape; the figures behind each choice are in docs/cpu.md
 The kernel: torch's x86 engine (fbgemm), on every x86 CPU. oneDNN's engine runs the decoder
 step's products about twice as fast on AVX-512 VNNI and AMX (0.10 against 0.22 ms at (48, 768)
 x (768, 3072)), but keeps the int8 weights twice (the resident memory of bart-base's int8 weights
-340 MiB, against 233 MiB with fbgemm and 541 MiB in float32; docs/cpu.md). Without VNNI the int8 inner loop sums pairs of u8 x s8 products in 16
-bits, which saturate unless activations keep to 7 bits (`reduce_range`): measured on a (48, 768)
+340 MiB, against 233 MiB with fbgemm and 541 MiB in float32; docs/cpu.md). Without VNNI the int8
+inner loop sums pairs of u8 x s8 products in 16 bits, which saturate unless activations keep to
+7 bits (`reduce_range`): measured on a (48, 768)
 x (768, 3072) product limited to AVX2, 7 bits give a relative error of 1.6% against float, 8
 bits 1.2% with a largest error 5.6x the 7-bit one (saturation). With VNNI the sum is 32-bit and
 8 bits are safe (1.0%). torch marks `torch.ao.quantization` deprecated in favour of torchao;

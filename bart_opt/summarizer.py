@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from bart_opt import hardware
 from bart_opt.batching import (
     DEFAULT_OOM_ERRORS, SplitOutcome, collate, plan_batches, run_with_oom_split, trim_pad_columns,
 )
 from bart_opt.checkpoint import check_embeddable, check_tokenizer, load_tokenizer
-from bart_opt.config import resolve_dtype
 from bart_opt.errors import InvalidRequest
 from bart_opt.generation import Cancelled
 from bart_opt.memory import measure
@@ -171,9 +171,9 @@ class Summarizer:
         """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id, and check
         that they fit together (`bart_opt.checkpoint`: `CheckpointError` otherwise).
 
-        `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
-        and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
-        the same device and dtype; `fast`: the faster half-precision kernels, other summaries
+        `device` defaults to cuda when available, else cpu; `dtype` ("auto" or None) to float16 on
+        cuda and float32 on cpu (`bart_opt.hardware.choose_dtype`, which logs why). `exact`: summaries
+        equal transformers' for the same batches on the same device and dtype; `fast`: the faster half-precision kernels, other summaries
         (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments go to the
         constructor.
         """
@@ -182,7 +182,7 @@ class Summarizer:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
-        dtype = resolve_dtype(dtype, default=torch.float16 if device.type == "cuda" else torch.float32)
+        dtype = hardware.choose_dtype(dtype, device).dtype  # "auto"/None: by device and CPU capability, logged
         tokenizer = load_tokenizer(name_or_path)
         model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact, fast=fast)
         check_tokenizer(tokenizer, model.config, model.generation_config)

@@ -84,7 +84,8 @@ def test_int8_weights_are_about_a_quarter_and_counted(checkpoint):
     # The quantized layers: one byte a weight against four, plus per-channel scales and biases.
     c = full.config
     d, ffn, layers = c.d_model, c.encoder_ffn_dim, c.encoder_layers + c.decoder_layers
-    quantized = layers * (4 * d * d + 2 * d * ffn) + c.decoder_layers * 2 * d * d  # + cross q and out
+    # the layers' projections, cross-attention's query and output, and the vocabulary projection
+    quantized = layers * (4 * d * d + 2 * d * ffn) + c.decoder_layers * 2 * d * d + c.vocab_size * d
     assert quantized <= packed <= quantized * 1.05
     ratio = model.weights_bytes() / full.weights_bytes()
     assert ratio < 0.4, ratio

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BartConfig, GenerationConfig
 
-from bart_opt import native
+from bart_opt import hardware, native
 from bart_opt.cache import KVCache, StaticKVCache
 from bart_opt.config import ACTIVATIONS, validate_config
 from bart_opt.cross_attention import (
@@ -119,8 +119,9 @@ class Attention(nn.Module):
         """The `fused` projections of `x` (..., D): one (..., D) view each of a single product."""
         if self.fused_int8 is not None:
             return self.fused_int8(x).chunk(len(self.fused), dim=-1)
-        if self.exact and x.device.type != "cpu":
-            # A wider product may select another GPU kernel (and rounding) than transformers' separate ones.
+        if self.exact and (x.device.type != "cpu" or not hardware.probe().avx512):
+            # A wider product may select another kernel (and rounding) than transformers' separate ones: on a
+            # GPU, and in MKL's AVX2 code (7e-7 apart at the tiny shape, measured); its AVX-512 code gave the same bits.
             return tuple(getattr(self, name)(x) for name in self.fused)
         out = linear(x, self.fused_weight, self.fused_bias, fast=not self.exact)  # (..., len(fused)*D)
         return out.chunk(len(self.fused), dim=-1)

@@ -4,7 +4,7 @@ Each job becomes a `bart_opt.compare.Run` named by its id, with its model, datas
 settings and its own ROUGE intervals as ``info``; the first job is the baseline. Only succeeded
 jobs are compared (a running or cancelled job has a partial set of examples). The comparison is
 CPU work proportional to examples x resamples, and it holds the jobs' rows in memory; its caps
-(`MAX_JOBS`, `MAX_RESAMPLES`, the `max_compare_examples` setting) bound both.
+(`MAX_JOBS`, the `max_compare_resamples` and `max_compare_examples` settings) bound both.
 
 Its methods block (SQLite reads, resampling); the route calls them off the event loop.
 """
@@ -12,22 +12,22 @@ Its methods block (SQLite reads, resampling); the route calls them off the event
 from __future__ import annotations
 
 from app.errors import ApiError
-from app.jobs.schemas import JobView
+from app.jobs.bodies import JobView
 from app.jobs.service import JobService
 from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, Run, RunMismatch, compare_runs
 from bart_opt.errors import InvalidRequest
 
 MAX_JOBS = 8
-MAX_RESAMPLES = 10_000
 _INFO_KEYS = ("model", "dataset", "generation", "rouge", "created_at")
 
 
 class CompareService:
     """Compares evaluation jobs of `jobs` (see the module docstring)."""
 
-    def __init__(self, jobs: JobService, max_examples: int) -> None:
+    def __init__(self, jobs: JobService, max_examples: int, max_resamples: int) -> None:
         self.jobs = jobs
         self.max_examples = max_examples  # per job: the `max_compare_examples` setting
+        self.max_resamples = max_resamples  # the `max_compare_resamples` setting
 
     def compare(
         self,
@@ -46,11 +46,10 @@ class CompareService:
         are not on the same examples.
         """
         self._check_ids(job_ids)
-        if not 1 <= resamples <= MAX_RESAMPLES:
-            raise InvalidRequest("resamples", f"must be from 1 to {MAX_RESAMPLES}")
         runs = [self._run(job_id) for job_id in job_ids]
         try:
-            return compare_runs(runs, metric=metric, resamples=resamples, seed=seed, top=top)
+            return compare_runs(runs, metric=metric, resamples=resamples, seed=seed, top=top,
+                                max_resamples=self.max_resamples)
         except RunMismatch as error:
             raise ApiError(422, "datasets_differ", str(error), field="jobs") from error
 

@@ -1,11 +1,12 @@
 """The FastAPI application: ``create_app(settings)``, and ``app`` for ``uvicorn app.main:app``.
 
-Nothing heavy happens at import: ``app`` is built from the environment's settings, and the
-model loads on the device worker's thread when the app's lifespan starts. Shared objects
-live on ``app.state``: ``settings``, ``metrics`` (:class:`app.metrics.Metrics`, extra series
-through ``metrics.gauge``) and ``service`` (:class:`app.service.SummarizeService`; its
-``worker`` also takes ``Kind.JOB`` work items, its ``summarizer`` is the loaded model) and
-``jobs`` (:class:`app.jobs.JobService`, the evaluation jobs, resumed when the app starts).
+Nothing heavy happens at import: ``app`` is built from the environment's settings. The app's
+lifespan builds the one :class:`app.engine.Engine` (the model, loaded on the device worker's
+thread, and the worker) and the two services it is injected into. Shared objects live on
+``app.state``: ``settings`` and ``metrics`` (:class:`app.metrics.Metrics`, extra series through
+``metrics.gauge``) from the start; ``engine``, ``service``
+(:class:`app.summarize_service.SummarizeService`) and ``jobs`` (:class:`app.jobs.JobService`,
+the evaluation jobs, resumed when the app starts) while the lifespan runs.
 Every router but health's and the dashboard's (a page and its scripts, no data) is included
 with the API-key dependency; ``GET /auth`` checks the key and nothing else (the dashboard's
 sign-in). The API docs (``/docs``, ``/openapi.json``) exist only with ``BART_OPT_DOCS=true``,
@@ -20,15 +21,16 @@ from contextlib import asynccontextmanager
 from fastapi import Depends, FastAPI
 from starlette.concurrency import run_in_threadpool
 
+from app import startup
 from app.errors import document_errors, install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
 from app.middleware import BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, TimeLimitMiddleware
-from app import startup
-from app.routes import auth, compare, dashboard, evaluate, examples, health, metrics, summarize
+from app.engine import Engine, SummarizerLoader, load_summarizer
+from app.routes import auth, compare, dashboard, evaluate, examples, health, metrics, options, summarize
 from app.security import require_api_key
-from app.service import SummarizerLoader, SummarizeService, load_summarizer
 from app.settings import Settings
+from app.summarize_service import SummarizeService
 
 
 def create_app(settings: Settings | None = None, *, load: SummarizerLoader = load_summarizer) -> FastAPI:
@@ -36,13 +38,14 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     Summarizer from the settings on the device thread (tests wrap it to hold the model back)."""
     settings = settings or Settings()
     registry = Metrics(recent_logs=settings.recent_logs)
-    service = SummarizeService(settings, registry, load)
-    jobs = JobService(settings, registry, service)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup.log_warnings(settings)
-        service.start()
+        engine = Engine(settings, registry, load)
+        jobs = JobService(settings, registry, engine)
+        app.state.engine, app.state.service, app.state.jobs = engine, SummarizeService(settings, registry, engine), jobs
+        engine.start()
         jobs.start()
         try:
             yield
@@ -51,7 +54,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
             # batch on the device and stops (its job resumes on the next start), then the worker
             # drains whatever is left.
             await run_in_threadpool(jobs.stop)
-            await run_in_threadpool(service.stop)
+            await run_in_threadpool(engine.stop)
 
     app = FastAPI(
         title="bart-opt",
@@ -65,8 +68,6 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     )
     app.state.settings = settings
     app.state.metrics = registry
-    app.state.service = service
-    app.state.jobs = jobs
     install_error_handlers(app)
     # add_middleware wraps: the last one added is the outermost (order in app.middleware's docstring).
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
@@ -83,6 +84,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     app.include_router(evaluate.router, dependencies=protected)
     app.include_router(examples.router, dependencies=protected)
     app.include_router(compare.router, dependencies=protected)
+    app.include_router(options.router, dependencies=protected)
     app.include_router(dashboard.router)
     if settings.docs:
         from app.routes import docs

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema, create_model,
+    field_validator,
+)
+
+from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 RougeScores = dict[str, dict[str, float]]
 """Per-item ROUGE: ``{"rouge1": {"precision", "recall", "fmeasure"}, ...}`` on a 0-100 scale."""
@@ -25,38 +30,63 @@ def _early_stopping(value: object) -> bool | str:
     raise ValueError('must be true, false or "never"')
 
 
+class OptionView(BaseModel):
+    """One generation option a request may set (`bart_opt.spec.REQUEST_OPTIONS`): ``type`` is
+    ``integer`` (at least ``minimum``), ``number`` or ``choice`` (one of ``choices``)."""
+
+    name: str
+    label: str
+    description: str
+    type: str
+    minimum: int | None = None
+    choices: list[bool | str] | None = None
+
+
+class Options(BaseModel):
+    """``GET /options``: the generation options requests and jobs take, in order."""
+
+    generation: list[OptionView]
+
+    @classmethod
+    def of_spec(cls) -> Options:
+        kinds = {"count": "integer", "number": "number", "early_stopping": "choice"}
+        return cls(generation=[
+            OptionView(name=name, label=option.label, description=option.help, type=kinds[option.kind],
+                       minimum=option.minimum,
+                       choices=list(EARLY_STOPPING) if option.kind == "early_stopping" else None)
+            for name, option in REQUEST_OPTIONS.items()
+        ])
+
+
 # One type with one error message (a union would report one error per member, under odd field paths).
 EarlyStopping = Annotated[
     bool | str, PlainValidator(_early_stopping), WithJsonSchema({"anyOf": [{"type": "boolean"}, {"const": "never"}]})
 ]
 
 
-class GenerationOptions(BaseModel):
+class _GenerationOptions(BaseModel):
     """Per-request overrides of the checkpoint's generation defaults (null or absent: the default).
 
     Only JSON types are checked here, strictly (``"4"`` or ``true`` is not a number); the values
     and every rule between them are checked once, by `bart_opt.GenerationSpec.resolve`, whose
     error comes back as a 422 naming the option. Lengths count the decoder start token, as in
     transformers; ``max_new_tokens`` / ``min_new_tokens`` take precedence over ``max_length`` /
-    ``min_length`` (transformers 5's semantics).
+    ``min_length`` (transformers 5's semantics). The options are `bart_opt.spec.REQUEST_OPTIONS`.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    num_beams: int | None = Field(None, description="Beams; 1 is greedy search. At most MAX_BEAMS.")
-    min_length: int | None = Field(None, description="Shortest output, decoder start token included.")
-    min_new_tokens: int | None = Field(None, description="Shortest output, start token excluded (wins over min_length).")
-    max_length: int | None = Field(
-        None, description="Longest output, decoder start token included; at most the model's positions + 1."
-    )
-    max_new_tokens: int | None = Field(None, description="Longest output, start token excluded (wins over max_length).")
-    length_penalty: float | None = Field(None, description="Exponent of the length normalization, in [-10, 10].")
-    no_repeat_ngram_size: int | None = Field(None, description="No n-gram of this size appears twice; 0 is off.")
-    early_stopping: EarlyStopping | None = Field(None, description='Beam search stop rule: true, false or "never".')
-
     def overrides(self) -> dict:
         """The options the client set, as keyword arguments for generation."""
         return self.model_dump(exclude_none=True)
+
+
+_OPTION_TYPES = {"count": int, "number": float, "early_stopping": EarlyStopping}
+GenerationOptions = create_model(
+    "GenerationOptions", __base__=_GenerationOptions, __doc__=_GenerationOptions.__doc__, __module__=__name__,
+    **{name: (_OPTION_TYPES[option.kind] | None, Field(None, description=option.help))
+       for name, option in REQUEST_OPTIONS.items()},
+)
 
 
 class SummarizeRequest(BaseModel):

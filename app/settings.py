@@ -8,40 +8,54 @@ dependency, so a test may also swap them with ``app.dependency_overrides``.
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+import typing
+from typing import Any
 
 from fastapi import Request
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bart_opt.compare import MAX_RESAMPLES
+from bart_opt.errors import InvalidRequest
+from bart_opt.options import EngineOptions
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 
 
-class Settings(BaseSettings):
-    """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment."""
+def engine_settings(options: type[EngineOptions] = EngineOptions) -> type[BaseSettings]:
+    """A settings class with one field per field of `options`: its type, its help as the
+    description and its ``service`` default where the service's differs from the library's.
+    The values are checked by `options` itself (see `Settings`)."""
+    hints = typing.get_type_hints(options)
+    names = [f.name for f in dataclasses.fields(options)]
+    definitions: dict[str, Any] = {
+        f.name: (hints[f.name], Field(f.metadata.get("service", f.default), description=f.metadata["help"]))
+        for f in dataclasses.fields(options)
+    }
+
+    def check(cls, value: Any, info: ValidationInfo) -> Any:
+        try:
+            return options.check(info.field_name, value)
+        except InvalidRequest as error:
+            raise ValueError(error.message) from None
+
+    validators = {"_check_engine": field_validator(*names)(check)}
+    return create_model(f"{options.__name__}Settings", __base__=BaseSettings, __validators__=validators, **definitions)
+
+
+class Settings(engine_settings()):
+    """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment.
+
+    The engine's fields (model, device, dtype, exact, fast, static, budgets, max_beams, torch_threads,
+    count_cpu_tensors) come from `bart_opt.options.EngineOptions`; `engine_options` gives them back
+    as that value.
+    """
 
     # hide_input_in_errors: a refused value (the API key, a database URL's password) never appears in the error's text.
     model_config = SettingsConfigDict(env_prefix="BART_OPT_", extra="ignore", protected_namespaces=(),
                                       hide_input_in_errors=True)
 
-    model: str = Field("facebook/bart-large-cnn", description="Hub id or local checkpoint folder.")
-    device: str = Field("auto", description="'auto' (cuda when available), 'cpu', 'cuda' or 'cuda:N'.")
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto", description="'auto': float16 on CUDA, float32 on CPU (the Summarizer's choice)."
-    )
-    exact: bool = Field(
-        False, description="Generate exactly transformers' ids (same device, dtype, batches) at some memory and time."
-    )
-    fast: bool = Field(
-        False, description="Faster half-precision kernels (bfloat16 on CPU: bart_opt's own attention kernel), "
-        "at the price of summaries that differ from transformers' more often. Not with exact."
-    )
-    max_batch_tokens: int = Field(
-        16384, ge=1, description="Token budget of one model call: longest input x texts x beams."
-    )
-    max_batch_size: int = Field(32, ge=1, description="Most texts in one model call.")
     max_texts: int = Field(64, ge=1, description="Most texts in one POST /summarize.")
-    max_beams: int = Field(16, ge=1, description="Largest num_beams a request may ask for.")
     max_request_cost: int = Field(
         65_536, ge=1, description="Decoder work one POST /summarize may ask for: texts x num_beams x max_new_tokens."
     )
@@ -56,9 +70,6 @@ class Settings(BaseSettings):
         30.0, gt=0, description="Time a client has to send the whole request body (408 and the connection closed)."
     )
     queue_size: int = Field(64, ge=1, description="Interactive requests that may wait for the device (429 above).")
-    torch_threads: int | None = Field(
-        None, ge=1, description="torch.set_num_threads for the model on CPU (default: torch's own choice)."
-    )
     micro_batch: bool = Field(True, description="Merge waiting requests with equal generation settings into one call.")
     api_key: SecretStr | None = Field(
         None, description="When set, every route but /health, /ready and the dashboard's page and files needs "
@@ -98,6 +109,10 @@ class Settings(BaseSettings):
         100_000, ge=1, description="Most examples a job may have to be compared by GET /compare (its rows are held "
         "in memory while it runs; bart-opt compare on downloaded predictions has no such cap).",
     )
+    max_compare_resamples: int = Field(
+        10_000, ge=1, le=MAX_RESAMPLES, description="Most bootstrap resamples and randomization trials one GET "
+        "/compare may ask for (bart-opt compare takes up to bart_opt.compare.MAX_RESAMPLES).",
+    )
     max_record_chars: int = Field(
         200_000, ge=1, description="Longest text or reference of a job's record; a longer record fails, the job goes on."
     )
@@ -133,13 +148,9 @@ class Settings(BaseSettings):
         1800.0, gt=0, description="Seconds the replicas of a job on Ray may make no progress before it fails."
     )
 
-    @field_validator("device")
-    @classmethod
-    def _check_device(cls, value: str) -> str:
-        kind, _, index = value.partition(":")
-        if kind not in ("auto", "cpu", "cuda", "mps") or (index and (kind != "cuda" or not index.isdigit())):
-            raise ValueError(f"device must be 'auto', 'cpu', 'mps', 'cuda' or 'cuda:N', got {value!r}")
-        return value
+    def engine_options(self) -> EngineOptions:
+        """The engine fields as `EngineOptions`."""
+        return EngineOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineOptions)})
 
     @field_validator("db")
     @classmethod

@@ -7,15 +7,16 @@ Two kinds of work share the thread:
   up, the worker takes the oldest item and, with micro-batching on, every other waiting item
   with the *same generation settings* while the merged call stays within the token budget
   (``longest input x texts x beams <= max_batch_tokens`` and ``texts <= max_batch_size``).
-- **job** items (one batch of an evaluation job each) wait in their own small queue and are
-  never merged.
+- **job** items (one model call of an evaluation job each: a callable, `WorkItem.job`) wait in
+  their own small queue and are never merged.
 
 Interleaving: interactive work goes first, but after ``interactive_burst`` interactive calls in
 a row a waiting job batch gets its turn. So a request waits at most one job batch, and a job
 still advances under a steady stream of requests.
 
 The worker knows nothing about models: ``load()`` runs on the thread and returns the *runner*,
-``runner(items) -> results`` (one result, or one exception instance, per item, in order).
+``runner(items) -> results`` (one result, or one exception instance, per item, in order), which
+runs interactive items; a job item is its own call.
 
 The thread cannot die silently: a failing batch fails only its items, and anything else that
 escapes the serving loop puts the worker in the ``dead`` state, fails every waiting item with
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from bart_opt.batching import fits_budget
 from bart_opt.spec import GenerationSpec
 
 logger = logging.getLogger("app.worker")
@@ -91,19 +93,26 @@ class WorkItem:
     ``references`` (optional, one per text) are passed through to the runner, and so is
     ``encoded`` (the summarizer's `encode` output for ``texts``), so nothing is tokenized twice.
     ``enqueued`` and ``started`` are ``time.perf_counter()`` stamps; ``started`` is set by the
-    worker just before the runner is called. ``abandoned`` is set by `abandon`.
+    worker just before the runner is called. ``abandoned`` is set by `abandon`. A job item
+    (`job`) has only ``call``, which the worker runs on the device thread for its result.
     """
 
     texts: list[str]
-    generation: GenerationSpec
+    generation: GenerationSpec | None
     longest: int
     references: list[str] | None = None
     encoded: list | None = None
     kind: Kind = Kind.INTERACTIVE
+    call: Callable[[], Any] | None = None
     future: Future = field(default_factory=Future)
     enqueued: float = field(default_factory=time.perf_counter)
     started: float | None = None
     _abandoned: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @classmethod
+    def job(cls, call: Callable[[], Any]) -> WorkItem:
+        """A job item: `call` runs on the device thread and its return value is the item's result."""
+        return cls(texts=[], generation=None, longest=0, kind=Kind.JOB, call=call)
 
     def abandon(self) -> None:
         """The submitter no longer wants the result: a running item's work stops (see the runner)."""
@@ -318,7 +327,8 @@ class Worker:
         while queue:
             item = queue.popleft()
             new_longest, new_size = max(longest, item.longest), size + len(item.texts)
-            fits = new_size <= self.max_batch_size and new_longest * new_size * first.beams <= self.max_batch_tokens
+            fits = fits_budget(new_longest, new_size, first.beams, max_batch_tokens=self.max_batch_tokens,
+                               max_batch_size=self.max_batch_size)
             if item.key == first.key and fits:
                 batch.append(item)
                 longest, size = new_longest, new_size
@@ -332,7 +342,7 @@ class Worker:
         for item in batch:
             item.started = started
         try:
-            results = list(self._runner(batch))
+            results = [batch[0].call()] if batch[0].call is not None else list(self._runner(batch))
             if len(results) != len(batch):
                 raise RuntimeError(f"runner returned {len(results)} results for {len(batch)} items")
         except BaseException as error:  # noqa: BLE001 - the thread must survive any failed batch

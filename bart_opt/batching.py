@@ -13,16 +13,23 @@ tested on CPU without one.
   counting the padding that was computed and the padding that was avoided.
 - `run_with_oom_split` runs a batch function and, when it raises an out-of-memory
   error, splits the batch in half and retries down to a single input, whose failure
-  is then reported for that input only.
+  is then reported for that input only; asked to, it isolates any other failure the same
+  way, input by input (the one failure-split policy of the pipeline and the service).
+- `pipelined` runs planned batches on a `Device` (this thread, `InlineDevice`, or the
+  service's device worker) and finishes each (decode, score) on another thread while the
+  next ones are on the device: the one overlap of model work with the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import traceback
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import CancelledError, Executor, Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -44,6 +51,12 @@ def oom_message(error: BaseException) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
     short = " ".join(re.split(r"(?<=\.) ", text)[:2])
     return short if len(short) <= 200 else short[:197] + "..."
+
+
+def fits_budget(longest: int, size: int, num_beams: int, *, max_batch_tokens: int, max_batch_size: int) -> bool:
+    """The token budget of one model call: ``size <= max_batch_size`` and
+    ``longest * size * num_beams <= max_batch_tokens`` (`longest`: the longest input's tokens)."""
+    return size <= max_batch_size and longest * size * num_beams <= max_batch_tokens
 
 
 def plan_batches(
@@ -71,8 +84,9 @@ def plan_batches(
     padded_len = 0
     for i in order:
         longest = max(padded_len, lengths[i])
-        fits = (len(current) + 1) * longest * num_beams <= max_batch_tokens
-        if current and (len(current) >= max_batch_size or not fits):
+        fits = fits_budget(longest, len(current) + 1, num_beams, max_batch_tokens=max_batch_tokens,
+                           max_batch_size=max_batch_size)
+        if current and not fits:
             batches.append(current)
             current, longest = [], lengths[i]
         current.append(i)
@@ -161,14 +175,23 @@ class SplitOutcome:
     """What `run_with_oom_split` did with one batch.
 
     `results` maps input position -> the batch function's result for it; `errors`
-    maps input position -> message for inputs that failed even alone; `calls` holds
-    the positions of every call that succeeded; `splits` counts halvings.
+    maps input position -> message for inputs out of memory even alone; `failures` maps input
+    position -> the exception of an input that failed alone otherwise (with ``isolate``);
+    `skipped` lists the inputs `skip` withdrew; `calls` holds the positions of every call that
+    succeeded; `splits` counts halvings.
     """
 
     results: dict[int, Any] = field(default_factory=dict)
     errors: dict[int, str] = field(default_factory=dict)
+    failures: dict[int, BaseException] = field(default_factory=dict)
+    skipped: list[int] = field(default_factory=list)
     calls: list[list[int]] = field(default_factory=list)
     splits: int = 0
+
+    @property
+    def failed(self) -> bool:
+        """Whether some input failed alone (out of memory or otherwise)."""
+        return bool(self.errors or self.failures)
 
 
 def run_with_oom_split(
@@ -177,6 +200,8 @@ def run_with_oom_split(
     *,
     oom_errors: tuple[type[BaseException], ...] = DEFAULT_OOM_ERRORS,
     on_oom: Callable[[list[int], BaseException], None] | None = None,
+    isolate: bool = False,
+    skip: Callable[[], Iterable[int]] | None = None,
 ) -> SplitOutcome:
     """Run ``batch_fn(positions)``; on an out-of-memory error split in half and retry.
 
@@ -187,32 +212,155 @@ def run_with_oom_split(
     a RuntimeError saying so (`is_out_of_memory`). Before the retry, the failed call's
     frames are cleared so its tensors are freed, and only then is `on_oom(positions,
     message)` called (the pipeline returns cached CUDA blocks there).
+
+    Any other exception propagates, unless `isolate`: then the batch is retried one input at a
+    time, and an input that fails alone is kept in ``outcome.failures`` while the others run.
+    `skip()` names inputs no longer wanted: each call drops them before it runs.
     """
     outcome = SplitOutcome()
     pending: list[list[int]] = [list(positions)]
     while pending:
         batch = pending.pop(0)
-        message = None
+        if skip is not None:
+            withdrawn = set(skip())
+            outcome.skipped += [p for p in batch if p in withdrawn]
+            batch = [p for p in batch if p not in withdrawn]
+            if not batch:
+                continue
         try:
             results = batch_fn(batch)
         except (Exception, *oom_errors) as error:
-            if not is_out_of_memory(error, oom_errors):
+            if not (is_out_of_memory(error, oom_errors) or (isolate and isinstance(error, Exception))):
                 raise
             # The traceback holds the failed call's frames and, through them, its tensors.
             traceback.clear_frames(error.__traceback__)
-            message = oom_message(error)
-        if message is not None:  # outside the except block: the error and its frames are gone
-            if on_oom is not None:
-                on_oom(batch, message)
-            if len(batch) == 1:
-                outcome.errors[batch[0]] = f"out of memory on this input even in a batch of one ({message})"
-                continue
-            half = len(batch) // 2
-            pending[:0] = [batch[:half], batch[half:]]
-            outcome.splits += 1
+            failure: str | BaseException = oom_message(error) if is_out_of_memory(error, oom_errors) else error
+        else:
+            if len(results) != len(batch):
+                raise RuntimeError(f"batch function returned {len(results)} results for {len(batch)} inputs")
+            outcome.results.update(zip(batch, results))
+            outcome.calls.append(batch)
             continue
-        if len(results) != len(batch):
-            raise RuntimeError(f"batch function returned {len(results)} results for {len(batch)} inputs")
-        outcome.results.update(zip(batch, results))
-        outcome.calls.append(batch)
+        # Outside the except block: an out-of-memory error and its frames are gone (only its message is left).
+        pending[:0] = _retries(outcome, batch, failure, on_oom)
     return outcome
+
+
+def _retries(outcome: SplitOutcome, batch: list[int], failure: str | BaseException,
+             on_oom: Callable[[list[int], str], None] | None) -> list[list[int]]:
+    """The calls to try after `batch` failed (halves after running out of memory, else single
+    inputs), or none when it held one input: its failure is then noted in `outcome`."""
+    if isinstance(failure, str):
+        if on_oom is not None:
+            on_oom(batch, failure)
+        if len(batch) == 1:
+            outcome.errors[batch[0]] = f"out of memory on this input even in a batch of one ({failure})"
+            return []
+        outcome.splits += 1
+        half = len(batch) // 2
+        return [batch[:half], batch[half:]]
+    if len(batch) == 1:
+        outcome.failures[batch[0]] = failure
+        return []
+    return [[p] for p in batch]
+
+
+T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
+
+
+class Device(Protocol):
+    """Where model calls run: `submit(call)` runs ``call()`` there and returns its future.
+
+    `depth`: calls it holds at most (running and queued); `finishes`: a batch is also finished
+    there, right after its model call (else on the pipeline's finisher thread); `stopping`: no new
+    call should start; `cancel(future)`: drop a call that has not started.
+    """
+
+    depth: int
+    finishes: bool
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def submit(self, call: Callable[[], T]) -> Future[T]: ...
+
+    def cancel(self, future: Future) -> None: ...
+
+
+class InlineDevice:
+    """Model calls on the calling thread, one at a time (`submit` returns once the call is done)."""
+
+    depth = 1
+    finishes = False
+    stopping = False
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        try:
+            future.set_result(call())
+        except BaseException as error:  # noqa: BLE001 - handed to the caller through the future
+            future.set_exception(error)
+        return future
+
+    def cancel(self, future: Future) -> None:
+        """Nothing waits here: a call is done once submitted."""
+
+
+def pipelined(plans: Iterable[P], generate: Callable[[P], T], finish: Callable[[T], R], *, device: Device,
+              finisher: Executor, failed: Callable[[T], bool] = lambda generated: False) -> Iterator[R]:
+    """``finish(generate(plan))`` of each plan, in order, with the model work overlapped.
+
+    `generate` runs on `device` (up to ``device.depth`` plans there at once), `finish` on
+    `finisher`: plan k is finished while plan k+1 is on the device, and yielded once the device
+    has the next plans (so a consumer writing plan k's results never holds the device up). A
+    device that ``finishes`` runs `finish` too, after `generate`, and the next plan goes to it
+    as soon as one is done (its thread decodes and scores; the consumer's work overlaps). After
+    a plan for which `failed(generated)` holds, plans go one at a time until one has no failure
+    (a run of failures stops its caller before more work is wasted). No plan starts once
+    ``device.stopping``; a plan the device cancelled ends the run. Closing the generator cancels
+    the plans not started.
+    """
+    plans = iter(plans)
+    on_device: deque[Future[tuple[T, R | None]]] = deque()
+    state = {"exhausted": False, "serial": False}
+
+    def top_up() -> None:
+        room = 1 if state["serial"] else device.depth
+        while not state["exhausted"] and len(on_device) < room and not device.stopping:
+            plan = next(plans, None)
+            if plan is None:
+                state["exhausted"] = True
+                return
+            on_device.append(device.submit(functools.partial(_generated, generate, finish if device.finishes else None,
+                                                             plan)))
+
+    try:
+        top_up()
+        while on_device:
+            try:
+                generated, finished = on_device.popleft().result()
+            except CancelledError:
+                return
+            finishing = finisher.submit(finish, generated) if finished is None else _done(finished)
+            state["serial"] = failed(generated)
+            if not state["serial"]:
+                top_up()
+            yield finishing.result()
+            top_up()
+    finally:
+        for future in on_device:
+            device.cancel(future)
+
+
+def _generated(generate: Callable[[P], T], finish: Callable[[T], R] | None, plan: P) -> tuple[T, R | None]:
+    """What a device call gives back: the generated batch, and it finished when the device finishes."""
+    generated = generate(plan)
+    return generated, (finish(generated) if finish is not None else None)
+
+
+def _done(value: R) -> Future[R]:
+    future: Future[R] = Future()
+    future.set_result(value)
+    return future

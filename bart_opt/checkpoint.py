@@ -25,7 +25,6 @@ Each refusal is a `bart_opt.errors.CheckpointError` naming the file or token at 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -52,16 +51,14 @@ def check_tokenizer_files(folder: Path) -> None:
                               "the checkpoint folder", folder)
 
 
-def load_tokenizer(name_or_path: str | os.PathLike):
-    """The checkpoint's tokenizer (`AutoTokenizer`), once its files are known to be there.
+def load_tokenizer(folder: Path):
+    """The tokenizer (`AutoTokenizer`) of the checkpoint `folder` (local, or the hub cache's:
+    `bart_opt.loading.resolve_checkpoint`), once its files are known to be there.
 
     Raises `CheckpointError` for missing tokenizer files or a tokenizer that cannot be read.
     """
     from transformers import AutoTokenizer
 
-    from bart_opt.loading import resolve_checkpoint
-
-    folder = resolve_checkpoint(name_or_path)
     check_tokenizer_files(folder)
     try:
         return AutoTokenizer.from_pretrained(str(folder))

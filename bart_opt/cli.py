@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.spec import REQUEST_OPTIONS
+from bart_opt.options import add_cli_args, from_cli_args
+from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -140,33 +141,21 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, help="checkpoint folder, hub id, or a baseline (lead-3)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
-    parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on cuda, float32 on cpu)")
-    parser.add_argument("--max-batch-tokens", type=int, default=None, help="token budget per batch, beams counted")
-    parser.add_argument("--max-batch-size", type=int, default=None, help="inputs per batch at most")
-    mode = parser.add_mutually_exclusive_group()
-    mode.add_argument("--exact", action="store_true",
-                      help="generate exactly transformers' ids for the same batches, device and dtype "
-                           "(more memory and time in beam search; default: shared cross-attention state)")
-    mode.add_argument("--fast", action="store_true",
-                      help="faster half-precision kernels (bfloat16 on CPU: bart_opt's own attention kernel, "
-                           "built on first use), with summaries that differ from transformers' more often")
-    parser.add_argument("--no-memory-count", action="store_true",
-                        help="on CPU, skip counting live tensor bytes (memory peaks then read 0; "
-                             "saves its overhead, about 10-20%% on tiny models)")
+    group = parser.add_argument_group("model (--model also takes a baseline: lead-3)")
+    add_cli_args(group)
 
 
 def _generation_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("generation (default: the checkpoint's generation config)")
-    group.add_argument("--num-beams", type=int)
-    group.add_argument("--min-length", type=int)
-    group.add_argument("--min-new-tokens", type=int)
-    group.add_argument("--max-length", type=int)
-    group.add_argument("--max-new-tokens", type=int)
-    group.add_argument("--length-penalty", type=float)
-    group.add_argument("--no-repeat-ngram-size", type=int)
-    group.add_argument("--early-stopping", choices=["true", "false", "never"])
+    for name, option in REQUEST_OPTIONS.items():
+        flag = "--" + name.replace("_", "-")
+        if option.kind == "early_stopping":
+            group.add_argument(flag, choices=list(_EARLY_STOPPING), help=option.help)
+        else:
+            group.add_argument(flag, type=int if option.kind == "count" else float, help=option.help)
+
+
+_EARLY_STOPPING = {str(value).lower(): value for value in EARLY_STOPPING}  # "true" -> True, "never" -> "never"
 
 
 def _ray_options(parser: argparse.ArgumentParser) -> None:
@@ -182,27 +171,17 @@ def _ray_options(parser: argparse.ArgumentParser) -> None:
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
     """Generation overrides given on the command line (unset options left out)."""
-    names = ("num_beams", "min_length", "min_new_tokens", "max_length", "max_new_tokens", "length_penalty",
-             "no_repeat_ngram_size")
-    kwargs = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    if args.early_stopping is not None:
-        kwargs["early_stopping"] = {"true": True, "false": False, "never": "never"}[args.early_stopping]
+    kwargs = {name: getattr(args, name) for name in REQUEST_OPTIONS if getattr(args, name) is not None}
+    if "early_stopping" in kwargs:
+        kwargs["early_stopping"] = _EARLY_STOPPING[kwargs["early_stopping"]]
     return kwargs
 
 
 def load_summarizer(args: argparse.Namespace):
-    """`Summarizer.from_pretrained` with the command's model options."""
-    from bart_opt.loading import resolve_checkpoint
+    """The `Summarizer` of the command's model options (`bart_opt.options.EngineOptions`)."""
     from bart_opt.summarizer import Summarizer
 
-    resolve_checkpoint(args.model)
-    budgets = {}
-    if args.max_batch_tokens is not None:
-        budgets["max_batch_tokens"] = args.max_batch_tokens
-    if args.max_batch_size is not None:
-        budgets["max_batch_size"] = args.max_batch_size
-    return Summarizer.from_pretrained(args.model, device=args.device, dtype=args.dtype, exact=args.exact,
-                                      fast=args.fast, count_cpu_tensors=not args.no_memory_count, **budgets)
+    return Summarizer.from_options(from_cli_args(args))
 
 
 def read_jsonl_texts(lines: Iterable[str], source: str, text_field: str) -> tuple[list, list[str]]:
@@ -267,9 +246,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ``--model lead-3`` evaluates the baseline itself (CPU, no checkpoint);
     ``--baselines lead-3`` scores the baseline beside a model on the same records.
     """
-    from bart_opt.baselines import check_baselines, is_baseline, run_baseline_evaluation
+    from bart_opt.baselines import check_baselines, is_baseline
     from bart_opt.data import load_records
-    from bart_opt.evaluate import run_evaluation
+    from bart_opt.evaluate import FailureStreak, run_baseline_evaluation, run_evaluation
 
     baselines = check_baselines(args.baselines)
     if is_baseline(args.model):
@@ -285,19 +264,23 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     )
     source = args.data if args.data is not None else " ".join(
         part for part in (args.dataset, args.dataset_config, args.split) if part)
-    if is_baseline(args.model):
-        if args.ray is not None:
-            raise CliError(f"{args.model} is a baseline: --ray does not apply")
-        metrics = run_baseline_evaluation(args.model, records, args.out, source=source, overwrite=args.overwrite)
-    elif args.ray is not None:
-        metrics = evaluate_on_ray(args, records, source, baselines)
-    else:
-        for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
-            if getattr(args, option) is not None:
-                raise CliError(f"--{option.replace('_', '-')} needs --ray")
-        metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
-                                 progress=not args.no_progress, source=source, overwrite=args.overwrite,
-                                 baselines=baselines)
+    try:
+        if is_baseline(args.model):
+            if args.ray is not None:
+                raise CliError(f"{args.model} is a baseline: --ray does not apply")
+            metrics = run_baseline_evaluation(args.model, records, args.out, source=source, overwrite=args.overwrite)
+        elif args.ray is not None:
+            metrics = evaluate_on_ray(args, records, source, baselines)
+        else:
+            for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
+                if getattr(args, option) is not None:
+                    raise CliError(f"--{option.replace('_', '-')} needs --ray")
+            metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
+                                     progress=not args.no_progress, source=source, overwrite=args.overwrite,
+                                     baselines=baselines)
+    except FailureStreak as error:
+        raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
+                       "reasons)") from error
     print(json.dumps(metrics, indent=2))
     print(rouge_lines(metrics), file=sys.stderr)
     return 0
@@ -307,7 +290,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
     (with `baselines` scored beside it)."""
     try:
-        from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaConfig, ReplicaPool
+        from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaPool
     except ModuleNotFoundError as error:
         if error.name is None or error.name.split(".")[0] != "ray":
             raise
@@ -315,25 +298,20 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     from bart_opt.evaluate import run_evaluation
     from bart_opt.loading import resolve_checkpoint
 
-    if args.device is not None:
-        raise CliError("--device does not apply with --ray: replicas run on a GPU with --gpus-per-replica, "
-                       "else on the CPU")
+    for option, instead in (("device", "replicas run on a GPU with --gpus-per-replica, else on the CPU"),
+                            ("torch_threads", "give replicas threads with --threads-per-replica")):
+        if getattr(args, option) is not None:
+            raise CliError(f"--{option.replace('_', '-')} does not apply with --ray: {instead}")
     given = {name: getattr(args, name) for name in ("replicas", "gpus_per_replica", "threads_per_replica")
              if getattr(args, name) is not None}
     options = ClusterOptions(address=args.ray, **given)
-    budgets = {name: getattr(args, name) for name in ("max_batch_tokens", "max_batch_size")
-               if getattr(args, name) is not None}
-    folder = resolve_checkpoint(args.model)
-    # Replicas start in other folders: a local checkpoint goes to them by its absolute path.
-    model = str(folder.resolve()) if Path(args.model).expanduser().is_dir() else args.model
-    config = ReplicaConfig(model=model, dtype=args.dtype, count_cpu_tensors=not args.no_memory_count, exact=args.exact,
-                           fast=args.fast, **budgets)
+    config = from_cli_args(args)
+    resolve_checkpoint(config.model)  # a missing checkpoint is this command's error, not a replica's
     pool = ReplicaPool(config, options, name=args.model,
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, predict=pool.iter_predictions,
-                                 baselines=baselines)
+                                 source=source, overwrite=args.overwrite, baselines=baselines)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE
+from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, parse_row
 from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES
 
 MEASURE = "fmeasure"
@@ -123,9 +123,9 @@ def _check_diffs(diffs: Sequence[float]) -> np.ndarray:
     return d
 
 
-def _check_count(name: str, value: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_RESAMPLES:
-        raise InvalidRequest(name, f"must be an integer from 1 to {MAX_RESAMPLES}, got {value!r}")
+def _check_count(name: str, value: int, limit: int = MAX_RESAMPLES) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        raise InvalidRequest(name, f"must be an integer from 1 to {limit}, got {value!r}")
 
 
 # ---- comparing runs ----------------------------------------------------------------------------
@@ -138,13 +138,15 @@ def compare_runs(
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     top: int = 5,
+    max_resamples: int = MAX_RESAMPLES,
 ) -> dict:
     """Compare every run with the first one (the baseline); see the module docstring.
 
     `metric` is the ROUGE type that ranks the per-example wins and losses (all four types are
     tested); `top` is how many of each to return, with their texts. Raises `RunMismatch` when the
     runs are not on the same dataset or share no scored example, `InvalidRequest` for a bad
-    argument (``metric``, ``resamples``, ``top``, ``runs``), ValueError for a malformed row.
+    argument (``metric``, ``resamples`` above `max_resamples` (a caller's own cap, at most `MAX_RESAMPLES`),
+    ``top``, ``runs``), ValueError for a malformed row.
     """
     if len(runs) < 2:
         raise InvalidRequest("runs", f"compare needs at least two runs, got {len(runs)}")
@@ -152,7 +154,7 @@ def compare_runs(
         raise InvalidRequest("metric", f"must be one of {', '.join(DEFAULT_ROUGE_TYPES)}, got {metric!r}")
     if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 100:
         raise InvalidRequest("top", f"must be an integer from 0 to 100, got {top!r}")
-    _check_count("resamples", resamples)
+    _check_count("resamples", resamples, min(max_resamples, MAX_RESAMPLES))
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         raise InvalidRequest("runs", f"the runs need distinct names, got {names}")
@@ -289,18 +291,8 @@ def load_run(folder: str | Path) -> Run:
     predictions = path / PREDICTIONS_FILE
     if not predictions.is_file():
         raise FileNotFoundError(f"{path} has no {PREDICTIONS_FILE}; give the --out folder of a bart-opt evaluate run")
-    rows = []
     with predictions.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{predictions}: line {number} is not valid JSON ({error.msg})") from None
-            if not isinstance(row, dict) or "id" not in row:
-                raise ValueError(f"{predictions}: line {number} is not a prediction row (no 'id')")
-            rows.append(row)
+        rows = [parse_row(line, predictions, number) for number, line in enumerate(f, start=1) if line.strip()]
     info: dict = {"path": str(path)}
     for name, keys in ((RUN_FILE, ("model", "generation")), (METRICS_FILE, ("rouge",))):
         if (path / name).is_file():

@@ -1,20 +1,21 @@
 """Evaluation past one machine: replicas of the `Summarizer` on a Ray cluster, fed by Ray Data.
 
-`ReplicaPool.run(dataset, spec)` maps a Ray Dataset of records through
+`ReplicaPool` is an executor of the evaluation core (`bart_opt.evaluate.core`): `run(source,
+spec, control)` maps a Ray Dataset of the source's records through
 ``map_batches(Replica, compute=ActorPoolStrategy(size=N))``: a fixed pool of N Ray actors, each
 of which loads the model once (`Replica.__init__`) and runs every call's records through the
-same pipeline as one process (`bart_opt.evaluate.iter_predictions`: token-budget batches,
-padding trim, out-of-memory splitting, ROUGE). Ray Data distributes the calls, applies
-backpressure and retries; nothing here schedules. The driver gets one `ReplicaBatch` per
-planned batch (its prediction rows, memory peak, seconds, the replica that ran it) once the
-replica call that ran it returns (a call is at most `MAX_RECORDS_PER_CALL` records, and about a
+same executor as one process (`SummarizerExecutor.run_window`: refused rows, token-budget
+batches, padding trim, failure splitting, ROUGE). Ray Data distributes the calls, applies
+backpressure and retries; nothing here schedules. The driver gets the `RowBatch`es of a call
+once the replica call returns (a call is at most `MAX_RECORDS_PER_CALL` records, and about a
 `CALLS_PER_REPLICA`-th of each replica's share on small runs: the unit of progress, and of what
-an interrupted run redoes), in whatever order, and decides where the rows go.
+an interrupted run redoes), in whatever order; the core decides where the rows go.
 
-`ReplicaPool` is also what `bart_opt.evaluate.run_evaluation` needs from its model without
-loading the weights on the driver (``name``, ``scorer``, ``device``, ``count_cpu_tensors``,
-``generation_spec``), and `ReplicaPool.iter_predictions` is its ``predict`` for records in
-memory (``bart-opt evaluate --ray``).
+The dataset comes from the source: a source with a ``ray_dataset(replicas)`` method (the
+service's jobs read their records from the jobs database in Ray read tasks) gives its own; any
+other is read on the driver, longest records first. `ReplicaPool` also describes the model for
+the metrics without loading the weights on the driver (``name``, ``scorer``, ``device``,
+``count_cpu_tensors``, ``generation_spec``).
 
 Resources: a replica asks Ray for ``gpus_per_replica`` GPUs and ``threads_per_replica`` CPUs
 (its torch threads), so a 2-CPU machine holds two one-thread replicas; records in driver memory
@@ -40,12 +41,13 @@ import json
 import logging
 import math
 import os
+import queue
 import socket
 import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
@@ -56,10 +58,15 @@ import torch
 
 from bart_opt.data import Record
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate import iter_predictions, refused_row
+from bart_opt.evaluate.core import Pending, RunControl, Source, SummarizerExecutor, screened
+from bart_opt.evaluate.rows import RowBatch
+from bart_opt.fingerprint import check_fingerprint
+from bart_opt.fingerprint import fingerprint as checkpoint_fingerprint
+from bart_opt.loading import resolve_checkpoint, weights_file
+from bart_opt.options import EngineOptions
 from bart_opt.rouge import RougeScorer
 from bart_opt.spec import GenerationSpec
-from bart_opt.summarizer import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_BATCH_TOKENS, Summarizer, check_text
+from bart_opt.summarizer import Summarizer
 
 logger = logging.getLogger("bart_opt.distributed")
 
@@ -67,6 +74,9 @@ LOCAL = "local"  # the address that starts a Ray instance on this machine
 MAX_RECORDS_PER_CALL = 256  # records one replica call plans into batches, at most
 CALLS_PER_REPLICA = 4  # fewer records per call on small runs, so that every replica gets some
 ROOM_POLL_S = 1.0
+Loader = Callable[[EngineOptions], Summarizer]  # what a replica loads its model with (picklable)
+FEED_DEPTH = 4  # finished calls' rows waiting for the consumer, at most
+FEED_POLL_S = 0.2  # how often a consumer waiting for rows looks at its run's control
 SHUTDOWN_TIMEOUT_S = 30.0  # how long `disconnect` waits for Ray to shut down
 
 
@@ -111,46 +121,6 @@ class ClusterOptions:
                 raise InvalidRequest(name, f"must be > 0, got {getattr(self, name)}")
         if self.task_retries < 0:
             raise InvalidRequest("task_retries", f"must be >= 0, got {self.task_retries}")
-
-
-@dataclass(frozen=True)
-class ReplicaConfig:
-    """What each replica loads: `Summarizer.from_pretrained(model, ...)` with these options.
-
-    `model` must name the same checkpoint on every node: a hub id, or a folder at the same
-    path everywhere (a shared volume). `device` is set by `ReplicaPool` from the GPUs asked for.
-    """
-
-    model: str
-    dtype: str | None = None
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
-    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
-    max_beams: int | None = None
-    count_cpu_tensors: bool = True
-    exact: bool = False
-    fast: bool = False
-    device: str = "cpu"
-
-
-@dataclass
-class ReplicaBatch:
-    """One planned batch, finished by a replica: its rows and where they come from.
-
-    rows: prediction rows (see `bart_opt.evaluate`); positions: each row's record position, as
-    given in the dataset; peak_bytes / seconds: the batch's memory peak and its time on the
-    replica; call_started_at / finished_at: when the replica call that planned it began (its
-    tokenizing included) and when the batch ended (``time.time()`` there); model_call: False for
-    rows of records refused before the model; replica: which one ran it (``ip:pid``).
-    """
-
-    rows: list[dict]
-    positions: list[int]
-    peak_bytes: int
-    seconds: float
-    call_started_at: float
-    finished_at: float
-    model_call: bool
-    replica: str
 
 
 @dataclass(frozen=True)
@@ -287,89 +257,78 @@ class Replica:
 
     Input columns: ``position``, ``id``, ``text``, ``reference`` (null without one) and
     ``error`` (null, or why the record was refused before the model: it gets an error row).
-    Output: one row per planned batch: ``rows`` and ``positions`` (JSON lists), ``peak_bytes``,
-    ``seconds``, ``call_started_at``, ``finished_at``, ``model_call``, ``replica``.
+    Output: one row per `RowBatch` of the call: ``rows`` and ``positions`` (JSON lists), ``kind``,
+    ``peak_bytes``, ``seconds``, ``call_started_at``, ``finished_at``, ``model_call``, ``replica``.
     """
 
-    def __init__(self, config: ReplicaConfig, spec: GenerationSpec, threads: int):
-        torch.set_num_threads(threads)
+    def __init__(self, engine: EngineOptions, spec: GenerationSpec, fingerprint: str | None = None,
+                 load: Loader = Summarizer.from_options):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        self.summarizer = Summarizer.from_pretrained(
-            config.model, device=config.device, dtype=config.dtype, max_batch_tokens=config.max_batch_tokens,
-            max_batch_size=config.max_batch_size, max_beams=config.max_beams,
-            count_cpu_tensors=config.count_cpu_tensors, exact=config.exact, fast=config.fast,
-        )
+        self.summarizer = load(engine)
+        if fingerprint is not None:  # the driver's: a replica on a node with other files must not run
+            check_fingerprint(fingerprint, self.summarizer.fingerprint, "this run")
+        self.executor = SummarizerExecutor(self.summarizer)
         self.spec = spec
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.time()
-        out: dict[str, list] = {"rows": [], "positions": [], "peak_bytes": [], "seconds": [], "call_started_at": [],
-                                "finished_at": [], "model_call": [], "replica": []}
-        positions: dict[str, int] = {}
-        runnable: list[Record] = []
-        refused: list[dict] = []
-        for item in batch.to_pylist():  # nulls stay None here (a NumPy batch would make an all-null column NaN)
-            record = Record(item["id"], item["text"], item["reference"])
-            positions[record.id] = item["position"]
-            if item["error"] is None:
-                runnable.append(record)
-            else:
-                refused.append(refused_row(record, item["error"]))
-        if refused:
-            self._emit(out, refused, positions, peak_bytes=0, seconds=0.0, started=started, model_call=False)
-        for done in iter_predictions(self.summarizer, runnable, self.spec):
-            peak = done.outcome.memory["peak_bytes"] if done.outcome.memory else 0
-            self._emit(out, done.rows, positions, peak_bytes=peak, seconds=sum(done.outcome.timing.values()),
-                       started=started, model_call=True)
+        out: dict[str, list] = {key: [] for key in _COLUMNS}
+        # nulls stay None here (a NumPy batch would make an all-null column NaN)
+        window = [Pending(item["position"], Record(item["id"], item["text"], item["reference"]), item["error"])
+                  for item in batch.to_pylist()]
+        for done in self.executor.run_window(window, self.spec):
+            for key, value in (("rows", json.dumps(done.rows, ensure_ascii=False)), ("positions", json.dumps(done.positions)),
+                               ("kind", done.kind), ("peak_bytes", done.peak_bytes), ("seconds", done.seconds),
+                               ("call_started_at", started), ("finished_at", time.time()),
+                               ("model_call", done.model_call), ("replica", self.name)):
+                out[key].append(value)
         return pa.table(out)
 
-    def _emit(self, out: dict[str, list], rows: list[dict], positions: Mapping[str, int], *, peak_bytes: int,
-              seconds: float, started: float, model_call: bool) -> None:
-        out["rows"].append(json.dumps(rows, ensure_ascii=False))
-        out["positions"].append(json.dumps([positions[row["id"]] for row in rows]))
-        out["peak_bytes"].append(peak_bytes)
-        out["seconds"].append(seconds)
-        out["call_started_at"].append(started)
-        out["finished_at"].append(time.time())
-        out["model_call"].append(model_call)
-        out["replica"].append(self.name)
+
+_COLUMNS = ("rows", "positions", "kind", "peak_bytes", "seconds", "call_started_at", "finished_at", "model_call",
+            "replica")
 
 
 @dataclass
 class ReplicaPool:
     """Replicas of one checkpoint on a Ray cluster (see the module docstring).
 
-    `name` is how results name the model (default: `config.model`). `on_status(message)` hears
-    what the pool is waiting for ("waiting for room ...", "starting ..."); `timings` collects
+    `engine` is what each replica loads (`EngineOptions`; the pool sets its device, threads and an absolute
+    checkpoint path). `name` is how results name the model (default: ``engine.model`` as given). `on_status(message)` hears
+    what the pool is waiting for ("waiting for room ...", "starting ..."); `load(engine)` is what each
+    replica loads its model with (default `Summarizer.from_options`; picklable); `timings` collects
     ``connect_s`` (joining or starting Ray) and ``first_result_s`` (of the last run: from its
     start to its first finished batch, replicas' start and model loading included).
     """
 
-    config: ReplicaConfig
+    engine: EngineOptions
     options: ClusterOptions = field(default_factory=ClusterOptions)
     name: str = ""
     on_status: Callable[[str], None] = lambda message: None
     scorer: RougeScorer = field(default_factory=RougeScorer)
     timings: dict[str, float] = field(default_factory=dict)
+    load: Loader = Summarizer.from_options
 
     def __post_init__(self) -> None:
-        device = "cuda" if self.options.gpus_per_replica > 0 else "cpu"
-        self.config = replace(self.config, device=device)
-        self.name = self.name or self.config.model
+        self.name = self.name or self.engine.model
+        # Replicas start in other folders, on their own devices and threads.
+        self.engine = replace(self.engine.portable(), device="cuda" if self.options.gpus_per_replica > 0 else "cpu",
+                              torch_threads=self.options.threads_per_replica)
         self.placement: Placement | None = None
         self._configs = None
+        self._fingerprint: str | None = None
 
     # ---- what run_evaluation asks of its model -------------------------------------------
 
     @property
     def device(self) -> torch.device:
         """The replicas' device type (``cuda`` when they have GPUs)."""
-        return torch.device(self.config.device)
+        return torch.device(self.engine.device)
 
     @property
     def count_cpu_tensors(self) -> bool:
-        return self.config.count_cpu_tensors
+        return self.engine.count_cpu_tensors
 
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
         """`overrides` resolved over the checkpoint's generation config, read on the driver without
@@ -377,12 +336,12 @@ class ReplicaPool:
         if self._configs is None:
             from transformers import BartConfig
 
-            from bart_opt.loading import load_generation_config, resolve_checkpoint
+            from bart_opt.loading import load_generation_config
 
-            folder = resolve_checkpoint(self.config.model)
+            folder = resolve_checkpoint(self.engine.model)
             config = BartConfig.from_pretrained(str(folder))
             self._configs = (config, load_generation_config(folder, config))
-        return GenerationSpec.resolve(*self._configs, overrides, max_beams=self.config.max_beams)
+        return GenerationSpec.resolve(*self._configs, overrides, max_beams=self.engine.max_beams)
 
     # ---- running -----------------------------------------------------------------------------
 
@@ -396,38 +355,56 @@ class ReplicaPool:
             self.placement = place(self.options, nodes)
         return self.placement
 
-    def run(self, dataset: ray.data.Dataset, spec: GenerationSpec, *, records: int,
-            stopped: Callable[[], bool] = lambda: False,
-            on_status: Callable[[str], None] | None = None) -> Generator[ReplicaBatch, None, None]:
-        """Run the records of `dataset` (the `Replica` input columns; about `records` of them)
-        through the replicas; yield each planned batch as its call returns. Ray Data gives each block
-        to one replica: make blocks of ``records_per_call(records, placement.replicas)`` records.
+    in_process = False  # the model calls run in the replicas
 
-        Closing the generator (or leaving the loop) shuts the pipeline down and frees the replicas.
-        `stopped()` ends the wait for room early (nothing is yielded then); `on_status` replaces
-        the pool's for this run. Raises `ClusterError`.
+    @property
+    def model(self) -> ReplicaPool:
+        return self
+
+    def identity(self) -> dict[str, Any]:
+        """What a resumed run must match: the model's name."""
+        return {"model": self.name}
+
+    @property
+    def fingerprint(self) -> str:
+        """The checkpoint's content digest, hashed on the driver (each replica checks that it loaded the same)."""
+        if self._fingerprint is None:
+            folder = resolve_checkpoint(self.engine.model)
+            self._fingerprint = str(checkpoint_fingerprint(folder, weights_file(folder).name))
+        return self._fingerprint
+
+    def run(self, source: Source, spec: GenerationSpec, control: RunControl) -> Iterator[RowBatch]:
+        """The row batches of `source`'s records (see the module docstring), as their calls return.
+
+        Closing the generator (or leaving the loop) shuts the pipeline down and frees the replicas;
+        so does `control` stopping, which also ends the wait for room (nothing is yielded then).
+        What the run waits for goes to ``on_status`` and ``control.status``. Raises `ClusterError`.
         """
-        status = on_status or self.on_status
+        def status(message: str) -> None:
+            self.on_status(message)
+            control.status(message)
+
         placement = self.start()
-        if not self._wait_for_room(placement, stopped, status):
+        dataset, records = source.ray_dataset(placement.replicas) if hasattr(source, "ray_dataset") else \
+            _dataset_of(source, records_per_call, placement.replicas)
+        if not records or not self._wait_for_room(placement, lambda: control.stopping, status):
             return
         status(f"starting {placement.describe()} (each loads the model)")
         started = time.perf_counter()
+        feed = _Feed(_translated(iter(self._pipeline(dataset, spec, placement, records).iter_rows()), self.options))
         first = True
-        results = iter(self._pipeline(dataset, spec, placement, records).iter_rows())
         try:
-            for item in _translated(results, self.options):
+            while (item := feed.get(control)) is not None:
                 if first:
                     first = False
                     self.timings["first_result_s"] = time.perf_counter() - started
                     status(f"running on {placement.describe()}")
-                yield ReplicaBatch(rows=json.loads(item["rows"]), positions=json.loads(item["positions"]),
-                                   peak_bytes=int(item["peak_bytes"]), seconds=float(item["seconds"]),
-                                   call_started_at=float(item["call_started_at"]),
-                                   finished_at=float(item["finished_at"]), model_call=bool(item["model_call"]),
-                                   replica=str(item["replica"]))
+                yield RowBatch(rows=json.loads(item["rows"]), positions=json.loads(item["positions"]),
+                               kind=str(item["kind"]), peak_bytes=int(item["peak_bytes"]),
+                               seconds=float(item["seconds"]), replica=str(item["replica"]),
+                               started_at=float(item["call_started_at"]), finished_at=float(item["finished_at"]))
         finally:
-            results.close()
+            feed.close()
 
     def _pipeline(self, dataset: ray.data.Dataset, spec: GenerationSpec, placement: Placement,
                   records: int) -> ray.data.Dataset:
@@ -438,8 +415,8 @@ class ReplicaPool:
             warnings.simplefilter("ignore", DeprecationWarning)
             pipeline = dataset.map_batches(
                 Replica,
-                fn_constructor_kwargs={"config": self.config, "spec": spec,
-                                       "threads": self.options.threads_per_replica},
+                fn_constructor_kwargs={"engine": self.engine, "spec": spec, "fingerprint": self.fingerprint,
+                                       "load": self.load},
                 batch_size=per_call,
                 batch_format="pyarrow",
                 # No more replicas than calls: each would load the model for nothing.
@@ -475,34 +452,16 @@ class ReplicaPool:
             time.sleep(ROOM_POLL_S)
         return False
 
-    def iter_predictions(self, records: Sequence[Record], spec: GenerationSpec, *,
-                         skip_ids: Iterable[str] = ()) -> Iterator[list[dict]]:
-        """Prediction rows of every record not in `skip_ids`, a planned batch at a time (the
-        ``predict`` of `bart_opt.evaluate.run_evaluation`)."""
-        for batch in self.iter_batches(records, spec, skip_ids=skip_ids):
-            yield batch.rows
 
-    def iter_batches(self, records: Sequence[Record], spec: GenerationSpec, *,
-                     skip_ids: Iterable[str] = ()) -> Iterator[ReplicaBatch]:
-        """Every record not in `skip_ids` through the replicas (`run`), from driver memory.
-
-        The records go out longest first (by characters), so each call holds inputs of similar
-        length and an input that runs out of memory shows up early, as in one process. A text
-        that is not valid Unicode raises `InvalidRequest` before anything starts.
-        """
-        skip = set(skip_ids)
-        todo = [record for record in records if record.id not in skip]
-        if not todo:
-            return
-        for record in todo:
-            check_text(record.text, f"record {record.id!r}: text")
-        todo.sort(key=lambda record: -len(record.text))
-        placement = self.start()
-        per_call = records_per_call(len(todo), placement.replicas)
-        items = [{"position": position, "id": record.id, "text": record.text, "reference": record.reference,
-                  "error": None} for position, record in enumerate(todo)]
-        dataset = ray.data.from_items(items, override_num_blocks=math.ceil(len(items) / per_call))
-        yield from self.run(dataset, spec, records=len(items))
+def _dataset_of(source: Source, per_call: Callable[[int, int], int], replicas: int) -> tuple[ray.data.Dataset, int]:
+    """The records of `source`'s windows in driver memory as a dataset of the `Replica` columns,
+    longest first (by characters: each call holds inputs of similar length and an input that
+    runs out of memory shows up early, as in one process), and how many there are."""
+    items = [{"position": p.position, "id": p.record.id, "text": p.record.text, "reference": p.record.reference,
+              "error": p.refused} for window in source.windows() for p in map(screened, window)]
+    items.sort(key=lambda item: -len(item["text"]))
+    blocks = math.ceil(len(items) / per_call(len(items), replicas)) if items else 1
+    return ray.data.from_items(items, override_num_blocks=blocks), len(items)
 
 
 def _room(placement: Placement, free: Mapping[str, float]) -> str:
@@ -527,5 +486,62 @@ def _translated(results: Iterator[dict], options: ClusterOptions) -> Iterator[di
         raise ClusterError(f"a Ray replica failed: {_first_line(error)}") from error
 
 
-__all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaBatch", "ReplicaConfig", "ReplicaPool",
+class _Feed:
+    """Rows of a pipeline pulled by a thread of their own into a small queue, so that the consumer
+    sees a stop or a cancel at once rather than after the call it waits for. `close` stops
+    pulling: that thread then shuts the pipeline down (its replicas freed) once the call it
+    waits for has returned."""
+
+    _END = object()
+
+    def __init__(self, results: Iterator[dict]):
+        self._queue: queue.Queue = queue.Queue(maxsize=FEED_DEPTH)
+        self._closed = threading.Event()
+        threading.Thread(target=self._pull, args=(results,), name="bart-opt-ray-feed", daemon=True).start()
+
+    def get(self, control: RunControl) -> dict | None:
+        """The next row; None at the end or once `control` stops; raises the pipeline's `ClusterError`."""
+        while not control.stopping:
+            try:
+                item = self._queue.get(timeout=FEED_POLL_S)
+            except queue.Empty:
+                continue
+            if item is _Feed._END:
+                return None
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        return None
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _pull(self, results: Iterator[dict]) -> None:
+        end: object = _Feed._END
+        try:
+            for item in results:
+                if not self._put(item):
+                    return
+        except ClusterError as error:
+            end = error
+        except Exception as error:  # noqa: BLE001 - handed to the consumer, which fails its run with it
+            logger.exception("the Ray pipeline failed")
+            end = ClusterError("the Ray pipeline failed (the server log has the details)")
+            end.__cause__ = error
+        finally:
+            results.close()
+        self._put(end)
+
+    def _put(self, item: object) -> bool:
+        """Queue `item` when there is room; False when closed first."""
+        while not self._closed.is_set():
+            try:
+                self._queue.put(item, timeout=FEED_POLL_S)
+            except queue.Full:
+                continue
+            return True
+        return False
+
+
+__all__ = ["ClusterError", "ClusterOptions", "Placement", "Replica", "ReplicaPool",
            "connect", "disconnect", "exit_process", "place", "records_per_call"]

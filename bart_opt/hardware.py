@@ -162,6 +162,8 @@ def _auto(device: torch.device) -> DtypeChoice:
     """What ``dtype="auto"`` means on `device` (see `choose_dtype`)."""
     if device.type == "cuda":
         return DtypeChoice(torch.float16, "auto: float16 on CUDA")
+    if device.type != "cpu":
+        return DtypeChoice(torch.float32, f"auto: float32 on {device.type}")
     cpu = probe()
     if cpu.native_bf16:
         return DtypeChoice(torch.float32, f"auto: float32 on this CPU ({cpu.isa}), whose bfloat16 is native and "

@@ -26,11 +26,35 @@ from typing import Any
 
 from bart_opt.errors import InvalidRequest
 
-# Options a user of the service or the command line may set (None: "the checkpoint's default").
-REQUEST_OPTIONS = (
-    "num_beams", "max_length", "max_new_tokens", "min_length", "min_new_tokens",
-    "length_penalty", "no_repeat_ngram_size", "early_stopping",
-)
+
+@dataclass(frozen=True)
+class RequestOption:
+    """One option a user may set: its kind (``count``: an integer of at least `minimum`; ``number``:
+    a finite number; ``early_stopping``: true, false or "never"), a short label and a description."""
+
+    kind: str
+    label: str
+    help: str
+    minimum: int | None = None
+
+
+# Options a user of the service or the command line may set (None: "the checkpoint's default"): the
+# one list the command line's flags, the API's GenerationOptions and the dashboard's form come from.
+REQUEST_OPTIONS: dict[str, RequestOption] = {
+    "num_beams": RequestOption("count", "Beams", "Beams; 1 is greedy search. At most MAX_BEAMS.", 1),
+    "max_length": RequestOption(
+        "count", "Max length", "Longest output, decoder start token included; at most the model's positions + 1.", 1),
+    "max_new_tokens": RequestOption(
+        "count", "Max new tokens", "Longest output, start token excluded (wins over max_length).", 1),
+    "min_length": RequestOption("count", "Min length", "Shortest output, decoder start token included.", 0),
+    "min_new_tokens": RequestOption(
+        "count", "Min new tokens", "Shortest output, start token excluded (wins over min_length).", 0),
+    "length_penalty": RequestOption("number", "Length penalty", "Exponent of the length normalization, in [-10, 10]."),
+    "no_repeat_ngram_size": RequestOption(
+        "count", "No-repeat n-gram", "No n-gram of this size appears twice; 0 is off.", 0),
+    "early_stopping": RequestOption("early_stopping", "Early stopping", 'Beam search stop rule: true, false or "never".'),
+}
+EARLY_STOPPING = (True, False, "never")  # the values early_stopping takes
 # Token options, for library callers; as in transformers, an explicit None switches one off.
 TOKEN_OPTIONS = (
     "forced_bos_token_id", "forced_eos_token_id", "decoder_start_token_id", "bos_token_id", "eos_token_id",
@@ -50,8 +74,7 @@ GLOBAL_DEFAULTS = {"max_length": 20, "min_length": 0, "num_beams": 1, "length_pe
                    "no_repeat_ngram_size": 0, "early_stopping": False}
 # |length_penalty| bound: 1025 ** 10 ~ 1.3e30 keeps every length-normalized score finite in float32.
 LENGTH_PENALTY_LIMIT = 10.0
-_COUNTS = {"num_beams": 1, "max_length": 1, "max_new_tokens": 1, "min_length": 0, "min_new_tokens": 0,
-           "no_repeat_ngram_size": 0}
+_COUNTS = {name: option.minimum for name, option in REQUEST_OPTIONS.items() if option.kind == "count"}
 
 
 @dataclass(frozen=True)

@@ -8,109 +8,53 @@ the evaluation pipeline the seed ran by hand:
 2. plan batches by length under a token budget that counts beams (`bart_opt.batching`);
 3. per model call, pad to the model's maximum length and drop the all-padding columns
    (the seed's trim), counting the padding computed and the padding avoided;
-4. generate, halving a batch on out-of-memory down to one input;
+4. generate, halving a batch on out-of-memory down to one input (and, with ``isolate``,
+   retrying a failed call input by input: `bart_opt.batching.run_with_oom_split`);
 5. decode as the reference scripts do and score ROUGE when references are given.
 
-`summarize` returns one `SummaryResult` in input order. `iter_batches` yields the same
-work one planned batch at a time (the evaluate runner and the service's jobs build on
-it), and `summarize_groups` runs the texts of several requests in one go and splits the
-result back per request (the service's micro-batcher).
+`summarize` returns one `SummaryResult` in input order (`bart_opt.results`). `iter_batches`
+takes the same arguments and yields the same work one planned batch at a time, its model calls
+overlapped with decoding and scoring (`bart_opt.batching.pipelined`; the evaluation core,
+`bart_opt.evaluate`, builds on it), and `summarize_groups` runs the texts of several requests in
+one go and splits the result back per request (the service's micro-batcher). `encode` and
+decoding may run on any thread (`bart_opt.tokens.TokenizerPool`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import logging
 import math
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bart_opt import hardware
 from bart_opt.batching import (
-    DEFAULT_OOM_ERRORS, SplitOutcome, collate, plan_batches, run_with_oom_split, trim_pad_columns,
+    DEFAULT_OOM_ERRORS, Device, InlineDevice, SplitOutcome, collate, pipelined, plan_batches, run_with_oom_split,
+    trim_pad_columns,
 )
 from bart_opt.checkpoint import check_embeddable, check_tokenizer, load_tokenizer
 from bart_opt.errors import InvalidRequest
 from bart_opt.generation import Cancelled
 from bart_opt.memory import measure
+from bart_opt.results import CANCELLED, FAILED, PHASES, BatchOutcome, Encoded, SummaryResult
+from bart_opt.options import EngineOptions
 from bart_opt.rouge import RougeScorer
 from bart_opt.spec import GenerationSpec
+from bart_opt.tokens import TokenizerPool
 
 if TYPE_CHECKING:
     from bart_opt.model import Bart
 
-PHASES = ("tokenize", "generate", "decode", "score")
-CANCELLED = "cancelled: the caller withdrew this input before its summary was finished"
-DEFAULT_MAX_BATCH_TOKENS = 32768  # the seed's 8 inputs x 1024 tokens x 4 beams
-DEFAULT_MAX_BATCH_SIZE = 64
+logger = logging.getLogger("bart_opt.summarizer")
 
-
-@dataclass
-class SummaryResult:
-    """The result of one `summarize` call (lists in input order).
-
-    summaries: one string per text ("" for an input in `errors`).
-    rouge: aggregate ROUGE with bootstrap intervals over the items that have a reference,
-        or None when no reference was given.
-    items: per text ``{"input_tokens", "truncated", "output_tokens", "rouge", "error",
-        "padding_computed", "padding_avoided", "call", "timing"}``; ``call`` indexes
-        `batches`, ``timing`` is this item's share of each phase in seconds.
-    memory: the `bart_opt.memory.MemoryLog.report()` dict of the call.
-    timing: seconds per phase: tokenize, generate, decode, score, total.
-    batches: one dict per model call: size, columns, tokens, padding_computed,
-        padding_avoided, num_beams, budget_tokens, seconds, positions.
-    errors: per text None, or why it has no summary (out of memory even alone, or `CANCELLED`).
-    generation: the `GenerationSpec` that ran, as a dict (`GenerationSpec.to_dict`).
-    oom_splits: how many times a batch was halved after running out of memory.
-    """
-
-    summaries: list[str]
-    rouge: dict | None
-    items: list[dict]
-    memory: dict
-    timing: dict
-    batches: list[dict] = field(default_factory=list)
-    errors: list[str | None] = field(default_factory=list)
-    generation: dict = field(default_factory=dict)
-    oom_splits: int = 0
-
-    def to_dict(self) -> dict:
-        """A JSON-serialisable dict of every field."""
-        return asdict(self)
-
-
-@dataclass
-class Encoded:
-    """One tokenized input: its ids (special tokens included) and whether they were cut."""
-
-    ids: list[int]
-    truncated: bool
-
-
-@dataclass
-class BatchOutcome:
-    """One planned batch, finished: what `Summarizer.iter_batches` yields.
-
-    positions: input positions of the batch (into the texts given), longest first.
-    summaries / items / errors: keyed by input position (items as in `SummaryResult`).
-    calls: the batch's model-call stats; more than one when it was split after OOM.
-    memory: this batch's memory report when yielded by `iter_batches`, else None.
-    timing: seconds per phase spent on this batch (tokenize excluded).
-    """
-
-    positions: list[int]
-    summaries: dict[int, str]
-    items: dict[int, dict]
-    errors: dict[int, str]
-    calls: list[dict]
-    oom_splits: int
-    timing: dict[str, float]
-    memory: dict | None = None
+DEFAULT_MAX_BATCH_TOKENS = EngineOptions.max_batch_tokens  # the library's (and the CLI's) defaults
+DEFAULT_MAX_BATCH_SIZE = EngineOptions.max_batch_size
 
 
 class Summarizer:
@@ -143,6 +87,7 @@ class Summarizer:
             raise ValueError(f"max_batch_tokens and max_batch_size must be >= 1, got {max_batch_tokens}, {max_batch_size}")
         self.model = model
         self.tokenizer = tokenizer
+        self.tokens = TokenizerPool(tokenizer)  # `encode` and decoding may run on any thread
         self.name = name
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
@@ -171,23 +116,40 @@ class Summarizer:
         """Load the tokenizer (AutoTokenizer) and `Bart` from a local folder or hub id, and check
         that they fit together (`bart_opt.checkpoint`: `CheckpointError` otherwise).
 
-        `device` defaults to cuda when available, else cpu; `dtype` ("auto" or None) to float16 on
-        cuda and float32 on cpu (`bart_opt.hardware.choose_dtype`, which logs why). `exact`: summaries
-        equal transformers' for the same batches on the same device and dtype; `fast`: the faster half-precision kernels, other summaries
-        (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments go to the
-        constructor.
+        `device` defaults to cuda when available, else cpu; `dtype` to float16 on cuda
+        and float32 on cpu. `exact`: summaries equal transformers' for the same batches on
+        the same device and dtype; `fast`: the faster half-precision kernels, other summaries
+        (see `Bart.from_pretrained`; at most one of the two). Other keyword arguments are
+        `bart_opt.options.EngineOptions` fields (``max_beams``, ``count_cpu_tensors`` ...) or go
+        to the constructor (see `from_options`).
         """
+        names = {f.name for f in dataclasses.fields(EngineOptions)}
+        given = {key: kwargs.pop(key) for key in list(kwargs) if key in names}
+        options = EngineOptions(
+            model=str(name_or_path), device="auto" if device is None else str(device),
+            dtype="auto" if dtype is None else str(dtype), max_batch_tokens=max_batch_tokens,
+            max_batch_size=max_batch_size, exact=exact, fast=fast, **given,
+        )
+        return cls.from_options(options, **kwargs)
+
+    @classmethod
+    def from_options(cls, options: EngineOptions, **hooks) -> Summarizer:
+        """Load what `options` describe (`bart_opt.options.EngineOptions`); `hooks` go to the
+        constructor (``scorer``, ``oom_errors``, ``before_model_call``)."""
+        from bart_opt.loading import resolve_checkpoint
         from bart_opt.model import Bart
 
-        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available here; use 'cpu'")
-        dtype = hardware.choose_dtype(dtype, device).dtype  # "auto"/None: by device and CPU capability, logged
-        tokenizer = load_tokenizer(name_or_path)
-        model = Bart.from_pretrained(name_or_path, device=device, dtype=dtype, exact=exact, fast=fast)
+        if options.torch_threads is not None:
+            torch.set_num_threads(options.torch_threads)
+        device = options.torch_device()
+        folder = resolve_checkpoint(options.model)
+        tokenizer = load_tokenizer(folder)
+        model = Bart.from_pretrained(str(folder), device=device, dtype=options.torch_dtype(device),
+                                     **options.engine_kwargs())
         check_tokenizer(tokenizer, model.config, model.generation_config)
-        return cls(model, tokenizer, name=str(name_or_path), max_batch_tokens=max_batch_tokens,
-                   max_batch_size=max_batch_size, **kwargs)
+        return cls(model, tokenizer, name=options.model, max_batch_tokens=options.max_batch_tokens,
+                   max_batch_size=options.max_batch_size, max_beams=options.max_beams,
+                   count_cpu_tensors=options.count_cpu_tensors, **hooks)
 
     @property
     def device(self) -> torch.device:
@@ -210,19 +172,21 @@ class Summarizer:
         Inputs longer than `max_input_tokens` are truncated the way the tokenizer does
         (special tokens kept) and flagged. A text that is not a string, cannot be encoded
         as UTF-8 (a lone surrogate) or spells out a token the model has no embedding for
-        (`check_embeddable`) raises `InvalidRequest` naming ``texts[i]``.
+        (`check_embeddable`) raises `InvalidRequest` naming ``texts[i]``. Safe to call from
+        several threads (each borrows a tokenizer of `tokens`).
         """
         for i, text in enumerate(texts):
             check_text(text, f"texts[{i}]")
         prefixed = [self.prefix + text for text in texts]
-        # One token past the limit tells cut inputs apart without a second full pass.
-        probe = self.tokenizer(prefixed, truncation=True, max_length=self.max_input_tokens + 1)["input_ids"]
-        check_embeddable(probe, self.model.config.vocab_size, self.tokenizer)
-        long_positions = [i for i, ids in enumerate(probe) if len(ids) > self.max_input_tokens]
-        if long_positions:
-            cut = self.tokenizer([prefixed[i] for i in long_positions], truncation=True, max_length=self.max_input_tokens)
-            for i, ids in zip(long_positions, cut["input_ids"]):
-                probe[i] = ids
+        with self.tokens.borrow() as tokenizer:
+            # One token past the limit tells cut inputs apart without a second full pass.
+            probe = tokenizer(prefixed, truncation=True, max_length=self.max_input_tokens + 1)["input_ids"]
+            check_embeddable(probe, self.model.config.vocab_size, tokenizer)
+            long_positions = [i for i, ids in enumerate(probe) if len(ids) > self.max_input_tokens]
+            if long_positions:
+                cut = tokenizer([prefixed[i] for i in long_positions], truncation=True, max_length=self.max_input_tokens)
+                for i, ids in zip(long_positions, cut["input_ids"]):
+                    probe[i] = ids
         long_set = set(long_positions)
         return [Encoded(ids=list(ids), truncated=i in long_set) for i, ids in enumerate(probe)]
 
@@ -237,7 +201,7 @@ class Summarizer:
 
     def summarize(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
                   encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
-                  cancelled: Cancelled | None = None, **generation_kwargs) -> SummaryResult:
+                  cancelled: Cancelled | None = None, isolate: bool = False, **generation_kwargs) -> SummaryResult:
         """Summarize `texts` (and score them against `references` when given).
 
         Generation settings are `generation` (a resolved `GenerationSpec`) or, without it,
@@ -246,6 +210,9 @@ class Summarizer:
         `cancelled()` returns the positions (into `texts`) whose result is no longer wanted; it
         is polled before each model call and between decoder steps, and those inputs stop there
         with an empty summary and the error `CANCELLED` while the others run unchanged.
+        `isolate`: a model call that fails (not out of memory) is retried input by input, and an
+        input that fails alone gets the error `FAILED` (or its `InvalidRequest`'s message) while
+        the others run; otherwise the failure propagates.
         Raises `InvalidRequest` (a ValueError) on bad input.
         """
         start = time.perf_counter()
@@ -256,12 +223,10 @@ class Summarizer:
             try:
                 tick = time.perf_counter()
                 with log.phase("tokenize"):
-                    encoded = self.encode(texts) if encoded is None else list(encoded)
-                if len(encoded) != len(texts):
-                    raise ValueError(f"encoded has {len(encoded)} entries for {len(texts)} texts")
+                    encoded = self._encoded(texts, encoded)
                 tokenize_s = time.perf_counter() - tick
                 outcomes = [
-                    self._run_batch(plan, encoded, references, spec, cancelled)
+                    self._run_batch(plan, encoded, references, spec, cancelled, isolate)
                     for plan in self.plan(encoded, spec.num_beams)
                 ]
             finally:
@@ -272,41 +237,57 @@ class Summarizer:
         return result
 
     def iter_batches(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
-                     generation: GenerationSpec | None = None, **generation_kwargs) -> Iterator[BatchOutcome]:
-        """Summarize like `summarize`, yielding each planned batch as soon as it is done.
+                     encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
+                     cancelled: Cancelled | None = None, isolate: bool = False, device: Device | None = None,
+                     **generation_kwargs) -> Iterator[BatchOutcome]:
+        """Summarize like `summarize` (the same arguments), yielding each planned batch as soon as it is done.
 
         Batches come longest first; every input position appears in exactly one outcome. Each
         outcome carries the memory report of its model calls. Decoding and ROUGE of a batch run
         on a worker thread while the next batch's model call runs, so the device never waits for
         them; a batch is therefore yielded once the next one's model call is over (the last one
         at the end). Nothing else is held between yields, so a consumer may stop at any batch,
-        write results, or run other model work in between.
+        write results, or run other model work in between. `device` is where the model calls run
+        (default: this thread; `bart_opt.batching.pipelined` has the rules).
         """
         texts, references = self._check_call(texts, references)
         spec = self._spec(generation, generation_kwargs)
         tick = time.perf_counter()
-        encoded = self.encode(texts)
+        encoded = self._encoded(texts, encoded)
         tokenize_share = (time.perf_counter() - tick) / len(texts)
+        generate = functools.partial(self._measured_batch, encoded=encoded, spec=spec, cancelled=cancelled,
+                                     isolate=isolate)
+        finish = functools.partial(self._finished, encoded=encoded, references=references,
+                                   tokenize_share=tokenize_share)
         with ThreadPoolExecutor(1, thread_name_prefix="bart-opt-finish") as finisher:
-            previous: Future[BatchOutcome] | None = None
-            for plan in self.plan(encoded, spec.num_beams):
-                with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
-                    self.model.attach_log(log)
-                    try:
-                        outcome, split = self._generate_batch(plan, encoded, spec)
-                    finally:
-                        self.model.attach_log(None)
-                outcome.memory = log.report()
-                current = finisher.submit(self._finished, outcome, split, encoded, references, tokenize_share)
-                if previous is not None:
-                    yield previous.result()
-                previous = current
-            if previous is not None:
-                yield previous.result()
+            yield from pipelined(self.plan(encoded, spec.num_beams), generate, finish, device=device or InlineDevice(),
+                                 finisher=finisher, failed=lambda generated: generated[1].failed)
 
-    def _finished(self, outcome: BatchOutcome, split: SplitOutcome, encoded: list[Encoded], references,
+    def _encoded(self, texts: list[str], encoded: Sequence[Encoded] | None) -> list[Encoded]:
+        """`encoded` checked against `texts`, or the texts encoded now."""
+        if encoded is None:
+            return self.encode(texts)
+        encoded = list(encoded)
+        if len(encoded) != len(texts):
+            raise ValueError(f"encoded has {len(encoded)} entries for {len(texts)} texts")
+        return encoded
+
+    def _measured_batch(self, plan: list[int], *, encoded: list[Encoded], spec: GenerationSpec,
+                        cancelled: Cancelled | None, isolate: bool) -> tuple[BatchOutcome, SplitOutcome]:
+        """`_generate_batch` under a memory log of its own (the batch's report in ``outcome.memory``)."""
+        with measure(self.device, count_cpu_tensors=self.count_cpu_tensors) as log:
+            self.model.attach_log(log)
+            try:
+                outcome, split = self._generate_batch(plan, encoded, spec, cancelled, isolate)
+            finally:
+                self.model.attach_log(None)
+        outcome.memory = log.report()
+        return outcome, split
+
+    def _finished(self, generated: tuple[BatchOutcome, SplitOutcome], *, encoded: list[Encoded], references,
                   tokenize_share: float) -> BatchOutcome:
         """`outcome` decoded and scored (off the model's thread), with its share of the tokenize time."""
+        outcome, split = generated
         self._finish_batch(outcome, split, encoded, references, log_phases=False)
         for item in outcome.items.values():
             item["timing"]["tokenize"] = tokenize_share
@@ -400,34 +381,33 @@ class Summarizer:
         return generation
 
     def _run_batch(self, plan: list[int], encoded: list[Encoded], references, spec: GenerationSpec,
-                   cancelled: Cancelled | None = None) -> BatchOutcome:
+                   cancelled: Cancelled | None = None, isolate: bool = False) -> BatchOutcome:
         """Generate, decode and score one planned batch, splitting it on out-of-memory."""
-        outcome, split = self._generate_batch(plan, encoded, spec, cancelled)
+        outcome, split = self._generate_batch(plan, encoded, spec, cancelled, isolate)
         self._finish_batch(outcome, split, encoded, references)
         return outcome
 
     def _generate_batch(self, plan: list[int], encoded: list[Encoded], spec: GenerationSpec,
-                        cancelled: Cancelled | None = None) -> tuple[BatchOutcome, SplitOutcome]:
-        """The model part of one planned batch: its calls (split on out-of-memory) and errors,
-        the sequences still to be decoded in the returned `SplitOutcome`.
+                        cancelled: Cancelled | None = None, isolate: bool = False) -> tuple[BatchOutcome, SplitOutcome]:
+        """The model part of one planned batch: its calls (split on out-of-memory, and on any
+        failure with `isolate`) and errors, the sequences still to be decoded in the returned
+        `SplitOutcome`.
 
-        Inputs `cancelled` names before the batch starts never reach the model; inputs it names
+        Inputs `cancelled` names before a call starts never reach the model; inputs it names
         by the end of their model call are not decoded. Both get the error `CANCELLED`.
         """
         calls: list[dict] = []
-        withdrawn = _positions(cancelled)
 
         def call(positions: list[int]) -> list[torch.Tensor]:
             sequences, stats = self._generate(positions, encoded, spec, cancelled)
             calls.append(stats)
             return sequences
 
-        live = [p for p in plan if p not in withdrawn]
-        split = SplitOutcome()
-        if live:
-            split = run_with_oom_split(call, live, oom_errors=self.oom_errors, on_oom=_free_device_cache)
-            withdrawn = _positions(cancelled)
-        errors = {**split.errors, **{p: CANCELLED for p in plan if p in withdrawn}}
+        split = run_with_oom_split(call, plan, oom_errors=self.oom_errors, on_oom=_free_device_cache,
+                                   isolate=isolate, skip=cancelled)
+        withdrawn = _positions(cancelled) | set(split.skipped)
+        failures = {p: _failure_message(p, error) for p, error in split.failures.items()}
+        errors = {**split.errors, **failures, **{p: CANCELLED for p in plan if p in withdrawn}}
         outcome = BatchOutcome(positions=list(plan), summaries={}, items={}, errors=errors,
                                calls=calls, oom_splits=split.splits, timing=dict.fromkeys(PHASES, 0.0))
         return outcome, split
@@ -478,9 +458,8 @@ class Summarizer:
             return self.model.log_phase(name) if log_phases else contextlib.nullcontext()
 
         tick = time.perf_counter()
-        with phase("detokenize"):
-            texts = self.tokenizer.batch_decode(sequences, skip_special_tokens=True,
-                                                clean_up_tokenization_spaces=False)
+        with phase("detokenize"), self.tokens.borrow() as tokenizer:
+            texts = tokenizer.batch_decode(sequences, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         decode_s = time.perf_counter() - tick
         tick = time.perf_counter()
         with phase("score"):
@@ -578,10 +557,19 @@ def _rows_of(cancelled: Cancelled, positions: list[int]) -> list[int]:
     return [row for row, p in enumerate(positions) if p in withdrawn]
 
 
+def _failure_message(position: int, error: BaseException) -> str:
+    """What an input that failed alone is told (its own mistake, or `FAILED`); the log gets the traceback."""
+    if isinstance(error, InvalidRequest):
+        return error.message
+    logger.warning("the model failed on input %d alone", position, exc_info=error)
+    return FAILED
+
+
 def _free_device_cache(positions: list[int], message: str) -> None:
     """After an out-of-memory error (whose tensors are already released), give cached CUDA blocks back."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
 
-__all__ = ["CANCELLED", "BatchOutcome", "SummaryResult", "Summarizer", "check_text", "summarization_prefix"]
+__all__ = ["CANCELLED", "FAILED", "BatchOutcome", "Encoded", "SummaryResult", "Summarizer", "check_text",
+           "summarization_prefix"]

@@ -5,12 +5,17 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import shutil
 import tempfile
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Checkpoint digests cached in a throwaway file, never in the developer's ~/.cache (bart_opt.fingerprint).
-os.environ.setdefault("BART_OPT_DIGEST_CACHE", os.path.join(tempfile.mkdtemp(prefix="bart_opt_test_"), "digests.json"))
+# Checkpoint digests cached in a throwaway folder, never in the developer's ~/.cache (bart_opt.fingerprint),
+# removed when the session ends.
+if "BART_OPT_DIGEST_CACHE" not in os.environ:
+    _digests = tempfile.mkdtemp(prefix="bart_opt_test_")
+    atexit.register(shutil.rmtree, _digests, ignore_errors=True)
+    os.environ["BART_OPT_DIGEST_CACHE"] = os.path.join(_digests, "digests.json")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

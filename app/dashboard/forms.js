@@ -1,17 +1,10 @@
 // Form pieces shared by the new-job form and the try-it form: generation options, and showing a
 // 422 next to the input it names (the API's error.field, e.g. "generation.num_beams").
 
+import { api } from "./api.js";
 import { h, notice } from "./dom.js";
 
-const NUMBER_OPTIONS = [
-  { name: "num_beams", label: "Beams", min: 1, step: 1 },
-  { name: "min_length", label: "Min length", min: 0, step: 1 },
-  { name: "min_new_tokens", label: "Min new tokens", min: 0, step: 1 },
-  { name: "max_length", label: "Max length", min: 1, step: 1 },
-  { name: "max_new_tokens", label: "Max new tokens", min: 1, step: 1 },
-  { name: "length_penalty", label: "Length penalty", step: "any" },
-  { name: "no_repeat_ngram_size", label: "No-repeat n-gram", min: 0, step: 1 },
-];
+let options; // GET /options, asked once per page load: the generation options the service takes
 
 let counter = 0;
 
@@ -27,30 +20,37 @@ export function field(label, attrs = {}, hint) {
   return wrapper;
 }
 
-/** The generation-options fieldset; `.values()` gives the options that were set, typed. */
+/** The generation-options fieldset, filled in from GET /options; `.values()` gives the options that were set, typed. */
 export function generationFieldset(prefix) {
   const inputs = {};
-  const fields = NUMBER_OPTIONS.map((option) => {
-    const wrapper = field(option.label, { type: "number", name: `generation.${option.name}`, id: `${prefix}-${option.name}`,
-      min: option.min, max: option.max, step: option.step, inputmode: "decimal", placeholder: "default" });
-    inputs[option.name] = wrapper.input;
-    return wrapper;
-  });
-  const early = field("Early stopping", { tag: "select", name: "generation.early_stopping", id: `${prefix}-early_stopping` });
-  for (const [value, label] of [["", "default"], ["true", "true"], ["false", "false"], ["never", "never"]]) {
-    early.input.append(h("option", { value }, label));
-  }
+  const grid = h("div", { class: "grid" });
   const element = h("fieldset", { class: "generation" },
     h("legend", {}, "Generation options"),
     h("p", { class: "muted small" }, "Empty fields keep the checkpoint's defaults."),
-    h("div", { class: "grid" }, fields, early));
+    grid);
+  options ||= api("/options");
+  options.then(({ generation }) => {
+    grid.replaceChildren(...generation.map((option) => {
+      const attrs = { name: `generation.${option.name}`, id: `${prefix}-${option.name}` };
+      const wrapper = option.type === "choice"
+        ? field(option.label, { ...attrs, tag: "select" })
+        : field(option.label, { ...attrs, type: "number", min: option.minimum, step: option.type === "integer" ? 1 : "any",
+          inputmode: "decimal", placeholder: "default" });
+      if (option.type === "choice") {
+        wrapper.input.append(h("option", { value: "" }, "default"),
+          ...option.choices.map((choice) => h("option", { value: String(choice) }, String(choice))));
+      }
+      inputs[option.name] = { input: wrapper.input, option };
+      return wrapper;
+    }));
+  }, () => { options = undefined; }); // asked again by the next form (the page shows the API's error itself)
   element.values = () => {
     const values = {};
-    for (const [name, input] of Object.entries(inputs)) {
-      if (input.value.trim() !== "") values[name] = Number(input.value);
+    for (const [name, { input, option }] of Object.entries(inputs)) {
+      const text = input.value.trim();
+      if (text === "") continue;
+      values[name] = option.type === "choice" ? option.choices.find((choice) => String(choice) === text) : Number(text);
     }
-    const stop = early.input.value;
-    if (stop) values.early_stopping = stop === "never" ? "never" : stop === "true";
     return values;
   };
   return element;

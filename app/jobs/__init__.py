@@ -1,8 +1,12 @@
 """Evaluation jobs: ``POST /evaluate`` on a dataset, persisted in SQLite or PostgreSQL, resumed after a restart.
 
 - `app.jobs.service.JobService`: what the routes call (validation, the job view, the upkeep thread).
+- `app.jobs.bodies`: the routes' request and response bodies (`EvaluateRequest`, `JobView`).
+- `app.jobs.job.Job`: a job as the store returns it, a frozen value.
 - `app.jobs.intake.Intake`: a submission's records streamed into the store in bounded transactions.
-- `app.jobs.runner.JobRunner`: the thread that runs jobs a window and a batch at a time on the shared worker.
+- `app.jobs.runner.JobRunner`: the thread that runs jobs through the evaluation core
+  (`bart_opt.evaluate`), on the shared engine's worker or on a Ray cluster (`app.jobs.ray_source`).
+- `app.jobs.storage`: the store as the core's source and sink.
 - `app.jobs.store.JobStore`: the tables, leases and counts; `app.jobs.database` the URL, pool and errors;
   `app.jobs.migrations` versions and migrates the schema (Alembic).
 - `app.jobs.listing`: the cursors and links of ``GET /evaluate``'s pages.

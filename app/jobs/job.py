@@ -1,7 +1,7 @@
 """`Job`: one evaluation job as the store holds it, a frozen value passed between the layers.
 
 The store builds it (`JobStore` reads a row and calls `Job.from_row`); the runner, the API
-view (`app.jobs.schemas.JobView.of`) and compare read its attributes. Field names are the
+view (`app.jobs.bodies.JobView.of`) and compare read its attributes. Field names are the
 ``jobs`` table's column names; JSON columns arrive decoded.
 """
 
@@ -22,6 +22,8 @@ class Job:
     status: ``loading`` (records still streaming in), ``queued``, ``running``, ``succeeded``,
         ``failed`` or ``cancelled``.
     model: the checkpoint the job was submitted for, as the server names it (see `shown_model`).
+    fingerprint: the content digest of that checkpoint (`bart_opt.fingerprint`); the job runs only on
+        a model with the same one. None for a job from before fingerprints (schema 6).
     dataset / columns / generation: the source as shown, the effective column names, and the
         resolved `bart_opt.GenerationSpec` as a dict.
     record_limit: the submission's ``limit`` (None: every record).
@@ -41,6 +43,7 @@ class Job:
     request_hash: str
     status: str
     model: str
+    fingerprint: str | None
     dataset: dict
     columns: dict
     record_limit: int | None

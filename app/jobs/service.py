@@ -37,26 +37,24 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
+from app.engine import Engine, WorkerDevice
 from app.errors import ApiError
-from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
-from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
-from app.jobs.runner import JobRunner, RunnerConfig
+from app.jobs.bodies import EvaluateRequest, JobView
 from app.jobs.database import PoolLimits, StoreError
-from app.jobs.job import Job
+from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
+from app.jobs.job import STATUSES, Job
 from app.jobs.listing import Cursor, link, page
 from app.jobs.migrations import SchemaTooNew
-from app.jobs.schemas import EvaluateRequest, JobView
+from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
+from app.jobs.runner import JobRunner, RunnerConfig
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
-from app.jobs.store import ERROR_FILTERS, STATUSES, JobStore, NewJob, describe_store_error
+from app.jobs.store import ERROR_FILTERS, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics
 from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
+from bart_opt.evaluate.core import Executor, SummarizerExecutor
 from bart_opt.readers import TooLarge
-
-if TYPE_CHECKING:
-    from app.service import SummarizeService
 
 logger = logging.getLogger("app.jobs")
 
@@ -67,11 +65,11 @@ _RETRY_AFTER = {"Retry-After": "5"}
 
 
 class JobService:
-    """Evaluation jobs on top of the summarize service's model and device worker."""
+    """Evaluation jobs on the service's shared `Engine`: its model, and its device worker or a Ray cluster."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, summarize: SummarizeService) -> None:
+    def __init__(self, settings: Settings, metrics: Metrics, engine: Engine) -> None:
         self.settings = settings
-        self.summarize = summarize
+        self.engine = engine
         pool = PoolLimits(size=settings.db_pool_size, overflow=settings.db_max_overflow,
                           timeout_s=settings.db_pool_timeout_s, connect_timeout_s=settings.db_connect_timeout_s)
         self.store = JobStore(settings.db, pool=pool)
@@ -79,13 +77,7 @@ class JobService:
         self._store_ready = threading.Event()
         config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
                               window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s)
-        if settings.ray_address is None:
-            self.runner = JobRunner(self.store, summarize, config, self.owner, self._store_ready)
-        else:  # jobs run on a Ray cluster; only then is Ray imported
-            from app.jobs.ray_runner import RayJobRunner
-
-            self.runner = RayJobRunner.from_settings(settings, self.store, summarize, config, self.owner,
-                                                     self._store_ready)
+        self.runner = JobRunner(self.store, engine, self._executor, config, self.owner, self._store_ready)
         limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
         self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)
         self._hub_allowed = parse_allowlist(settings.hub_datasets)
@@ -108,6 +100,19 @@ class JobService:
             "job_examples_per_second", "Examples per second of the evaluation job this replica runs (0 when none).",
             replica,
         ).labels(self.owner).set_function(self.runner.rate)
+
+    def _executor(self) -> Executor:
+        """What runs the jobs' batches: the engine's device worker, or replicas on the Ray cluster of
+        ``BART_OPT_RAY_ADDRESS`` (only then is Ray imported)."""
+        s = self.settings
+        if s.ray_address is None:
+            return SummarizerExecutor(self.engine.summarizer, device=lambda control: WorkerDevice(self.engine, control))
+        from bart_opt.distributed import ClusterOptions, ReplicaPool
+
+        cluster = ClusterOptions(address=s.ray_address, replicas=s.ray_replicas, gpus_per_replica=s.ray_gpus_per_replica,
+                                 threads_per_replica=s.ray_threads_per_replica, start_timeout_s=s.ray_start_timeout_s,
+                                 stall_timeout_s=s.ray_stall_timeout_s)
+        return ReplicaPool(s.engine_options(), cluster, name=s.model)
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -180,14 +185,22 @@ class JobService:
         self.damaged = error.reason
         self._store_ready.clear()
 
-    def check_damaged(self) -> None:
-        """Raise the 503 of a damaged database (for ``/ready``); nothing when it is not known to be."""
-        if self.damaged is not None:
-            raise ApiError(503, "jobs_store_damaged", f"{self.damaged}: evaluation jobs are off; repair or restore "
-                           "the database (BART_OPT_DB) and restart the server")
+    def damage(self) -> dict | None:
+        """``{"code": "jobs_store_damaged", "message"}`` while the database is known to be damaged
+        (``/ready`` lists it and reads ``degraded``), else None."""
+        if self.damaged is None:
+            return None
+        return {"code": "jobs_store_damaged", "message": f"{self.damaged}: evaluation jobs are off; repair or "
+                "restore the database (BART_OPT_DB) and restart the server"}
+
+    def _check_damaged(self) -> None:
+        """Raise the 503 of a damaged database (no ``Retry-After``); nothing when it is not known to be."""
+        damage = self.damage()
+        if damage is not None:
+            raise ApiError(503, damage["code"], damage["message"])
 
     def _check_available(self) -> None:
-        self.check_damaged()
+        self._check_damaged()
         if self.unavailable is not None:
             raise ApiError(503, "jobs_unavailable", f"evaluation jobs are unavailable: {self.unavailable}",
                            headers=_RETRY_AFTER)
@@ -202,7 +215,7 @@ class JobService:
             logger.warning("jobs database error: %s (%r)", error.reason, error.__cause__)
             if error.damaged:
                 self._damaged(error)
-                self.check_damaged()
+                self._check_damaged()
             raise ApiError(503, "jobs_store_unavailable", f"{describe_store_error(error)}; retry later",
                            headers=_RETRY_AFTER) from error
 
@@ -217,7 +230,7 @@ class JobService:
         loading pool is full; 502 when a hub dataset cannot be read.
         """
         self._check_available()
-        self.summarize.check_ready()
+        self.engine.check_ready()
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
             raise ApiError(422, "invalid_request", "Idempotency-Key: must be 1 to 255 visible ASCII characters",
                            field="Idempotency-Key")
@@ -252,9 +265,10 @@ class JobService:
                 existing = self.store.find_by_key(idempotency_key)
                 if existing is not None:
                     return self._replay(existing, idempotency_key, request_hash), False
-            summarizer = self.summarize.summarizer
-            generation = self.summarize.generation_spec(body.generation)
-            new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=summarizer.name,
+            generation = self.engine.request_spec(body.generation)
+            fingerprint = self.engine.fingerprint
+            new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=self.engine.name,
+                         fingerprint=None if fingerprint is None else str(fingerprint),
                          dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
                          generation=generation.to_dict(), idempotency_key=idempotency_key,
                          baselines=tuple(dict.fromkeys(body.baselines)))

@@ -59,13 +59,14 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import bindparam, exc, text
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection
 
 from app.jobs.database import (
     PoolLimits, StoreConflict, StoreError, database_url, make_engine, shown_url, store_error, translated,
 )
-from app.jobs.job import ACTIVE, STATUSES, Job
+from app.jobs.job import ACTIVE, Job
 from app.jobs.migrations import migrate
+from app.jobs.queries import JobQueries, StoredRecord, job_of
 from bart_opt.data import Record
 
 ERROR_FILTERS = ("include", "only", "exclude")
@@ -74,7 +75,6 @@ ERROR_FILTERS = ("include", "only", "exclude")
 # (an input that crashes the process would otherwise crash every restart).
 MAX_STALLED_RUNS = 3
 
-_JSON_COLUMNS = ("dataset", "columns", "generation", "baselines", "metrics")
 _DISCARD_CHUNK = 5000
 
 
@@ -96,15 +96,7 @@ class NewJob:
     generation: dict
     idempotency_key: str | None = None
     baselines: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class StoredRecord:
-    """One record as stored: its position in the job, the record, and why it cannot run (or None)."""
-
-    position: int
-    record: Record
-    error: str | None = None
+    fingerprint: str | None = None  # the checkpoint's content digest (`bart_opt.fingerprint`)
 
 
 class DuplicateId(ValueError):
@@ -134,8 +126,9 @@ class BatchWrite:
     model_call: bool = True
 
 
-class JobStore:
-    """The jobs database at `location` (``BART_OPT_DB``: a file path or a URL, see `app.jobs.database`).
+class JobStore(JobQueries):
+    """The jobs database at `location` (``BART_OPT_DB``: a file path or a URL, see `app.jobs.database`):
+    its reads (`app.jobs.queries.JobQueries`) and its writes.
 
     `pool` bounds its connections. On SQLite, `connection_factory` is the `sqlite3.Connection`
     class connections are made from (tests pass a subclass that injects faults), and
@@ -239,11 +232,12 @@ class JobStore:
         try:
             with self._write() as connection:
                 connection.execute(text(
-                    "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, dataset, columns,"
-                    " record_limit, generation, baselines, total, created_at, owner, lease_until)"
-                    " VALUES (:id, :key, :hash, 'loading', :model, :dataset, :columns, :limit, :generation,"
-                    " :baselines, 0, :now, :owner, :lease)"
+                    "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, fingerprint, dataset,"
+                    " columns, record_limit, generation, baselines, total, created_at, owner, lease_until)"
+                    " VALUES (:id, :key, :hash, 'loading', :model, :fingerprint, :dataset, :columns, :limit,"
+                    " :generation, :baselines, 0, :now, :owner, :lease)"
                 ), {"id": job.id, "key": job.idempotency_key, "hash": job.request_hash, "model": job.model,
+                    "fingerprint": job.fingerprint,
                     "dataset": _dumps(job.dataset), "columns": _dumps(job.columns), "limit": job.limit,
                     "generation": _dumps(job.generation), "baselines": _dumps(list(job.baselines)), "now": now,
                     "owner": owner, "lease": now + lease_s})
@@ -344,143 +338,6 @@ class JobStore:
             self.discard(job_id)
         return ids
 
-    # ---- finding ---------------------------------------------------------------------------
-
-    def get(self, job_id: str) -> Job | None:
-        """The job, or None."""
-        if not _storable(job_id):
-            return None
-        with self._read() as connection:
-            row = connection.execute(text("SELECT * FROM jobs WHERE id = :job"), {"job": job_id}).first()
-        return _job(row)
-
-    def find_by_key(self, key: str) -> Job | None:
-        """The job created with idempotency key `key`, or None."""
-        with self._read() as connection:
-            row = connection.execute(text("SELECT * FROM jobs WHERE idempotency_key = :key"), {"key": key}).first()
-        return _job(row)
-
-    def list(self, status: str | None = None, limit: int = 100, before: tuple[float, str] | None = None,
-             after: tuple[float, str] | None = None) -> list[Job]:
-        """Jobs newest first (by ``(created_at, id)``), optionally only those with `status` (``loading``
-        ones never): the first `limit` older than the key `before`, or, with `after` alone, the
-        `limit` just newer than `after` (still newest first). Keys come from `JobStore.key`."""
-        where = ["status = :status" if status else "status != 'loading'"]
-        params: dict[str, Any] = {"status": status, "limit": limit}
-        if before is not None:
-            where.append("(created_at < :b_at OR (created_at = :b_at AND id < :b_id))")
-            params.update(b_at=before[0], b_id=before[1])
-        if after is not None:
-            where.append("(created_at > :a_at OR (created_at = :a_at AND id > :a_id))")
-            params.update(a_at=after[0], a_id=after[1])
-        order = "ASC" if after is not None and before is None else "DESC"
-        with self._read() as connection:
-            rows = connection.execute(text(
-                f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY created_at {order}, id {order} LIMIT :limit"
-            ), params).all()
-        jobs = [_job(row) for row in rows]
-        return jobs[::-1] if order == "ASC" else jobs
-
-    @staticmethod
-    def key(job: Job) -> tuple[float, str]:
-        """The job's place in the listing's order, for `list`'s `before` and `after`."""
-        return job.created_at, job.id
-
-    def counts(self) -> dict[str, int]:
-        """Number of jobs per status (every status present, 0 when none), from the kept counts."""
-        with self._read() as connection:
-            rows = connection.execute(text("SELECT status, n FROM job_counts")).all()
-        found = {status: n for status, n in rows if status in STATUSES}
-        return {**dict.fromkeys(STATUSES, 0), **found}
-
-    def prediction_lines(self, job_id: str, errors: str = "include", page: int = 500) -> Iterator[str]:
-        """The job's prediction rows as JSON lines, in record order, read a page at a time.
-
-        `errors`: ``include`` every row, ``only`` the rows of failed examples, ``exclude`` the others.
-        """
-        condition = {"include": "", "only": " AND failed = 1", "exclude": " AND failed = 0"}[errors]
-        for _, row in self._pages(job_id, condition, page):
-            yield row + "\n"
-
-    def iter_rows(self, job_id: str, page: int = 500) -> Iterator[dict]:
-        """Every prediction row of the job, decoded, in record order, read a page at a time."""
-        for _, row in self._pages(job_id, "", page):
-            yield json.loads(row)
-
-    def example(self, job_id: str, example_id: str) -> tuple[Record | None, dict | None]:
-        """One example of the job: its record and its prediction row (each None when absent)."""
-        if not (_storable(job_id) and _storable(example_id)):
-            return None, None
-        ids = {"job": job_id, "id": example_id}
-        with self._read() as connection:
-            record = connection.execute(text(
-                "SELECT example_id, text, reference FROM records WHERE job_id = :job AND example_id = :id"), ids).first()
-            row = connection.execute(text(
-                "SELECT row FROM predictions WHERE job_id = :job AND example_id = :id"), ids).scalar()
-        return (Record(*record) if record else None), (json.loads(row) if row else None)
-
-    def iter_records(self, job_id: str, page: int = 500) -> Iterator[Record]:
-        """Every record of the job, in order, read a page at a time."""
-        query = "SELECT position, example_id, text, reference FROM records WHERE job_id = :job AND position > :after"
-        for _, example_id, text_, reference in self._paged(query, job_id, page):
-            yield Record(example_id, text_, reference)
-
-    def _pages(self, job_id: str, condition: str, page: int) -> Iterator[tuple[int, str]]:
-        query = f"SELECT position, row FROM predictions WHERE job_id = :job AND position > :after{condition}"
-        yield from self._paged(query, job_id, page)
-
-    def _paged(self, query: str, job_id: str, page: int) -> Iterator[Row]:
-        """The rows of `query` (position first; filtered on ``job_id = :job AND position > :after``)
-        in position order, `page` rows per read transaction (no connection is held between pages)."""
-        after = -1
-        while True:
-            with self._read() as connection:
-                rows = connection.execute(text(f"{query} ORDER BY position LIMIT :page"),
-                                          {"job": job_id, "after": after, "page": page}).all()
-            yield from rows
-            if len(rows) < page:
-                return
-            after = rows[-1][0]
-
-    def first_failures(self, job_id: str, n: int) -> list[tuple[str, str]]:
-        """``(example id, error)`` of the job's first `n` failed examples, in record order."""
-        with self._read() as connection:
-            rows = connection.execute(text(
-                "SELECT example_id, row FROM predictions WHERE job_id = :job AND failed = 1 ORDER BY position LIMIT :n"
-            ), {"job": job_id, "n": n}).all()
-        return [(example_id, json.loads(row)["error"]) for example_id, row in rows]
-
-    def batches(self, job_id: str) -> list[dict]:
-        """The job's finished batches in order: batch, run, size, peak_bytes, seconds, queue_s."""
-        with self._read() as connection:
-            rows = connection.execute(text(
-                "SELECT batch, run, size, peak_bytes, seconds, queue_s FROM batches WHERE job_id = :job ORDER BY batch"
-            ), {"job": job_id}).all()
-        return [dict(row._mapping) for row in rows]
-
-    def pending(self, job_id: str, after: int, max_records: int, max_chars: int) -> list[StoredRecord]:
-        """The next records after position `after` without a prediction, in order: at most
-        `max_records`, and no more once their texts reach `max_chars` characters (at least one).
-        Rows are fetched a few at a time (a server-side cursor on PostgreSQL)."""
-        found: list[StoredRecord] = []
-        chars = 0
-        with self._read() as connection:
-            result = connection.execution_options(stream_results=True, yield_per=16).execute(text(
-                "SELECT position, example_id, text, reference, error FROM records AS r"
-                " WHERE job_id = :job AND position > :after AND NOT EXISTS"
-                " (SELECT 1 FROM predictions AS p WHERE p.job_id = r.job_id AND p.example_id = r.example_id)"
-                " ORDER BY position LIMIT :n"
-            ), {"job": job_id, "after": after, "n": max_records})
-            try:
-                for position, example_id, text_, reference, error in result:
-                    found.append(StoredRecord(position, Record(example_id, text_, reference), error))
-                    chars += len(text_)
-                    if chars >= max_chars:
-                        break
-            finally:
-                result.close()
-        return found
-
     # ---- the runner's transitions ------------------------------------------------------
 
     def claim_next(self, owner: str, lease_s: float) -> Job | None:
@@ -523,7 +380,7 @@ class JobStore:
                     " started_at = COALESCE(started_at, :now), owner = :owner, lease_until = :lease,"
                     " status_detail = NULL WHERE id = :job"
                 ), {"stalled": stalled, "now": now, "owner": owner, "lease": now + lease_s, "job": job["id"]})
-                return _job(connection.execute(text("SELECT * FROM jobs WHERE id = :job"), {"job": job["id"]}).first())
+                return job_of(connection.execute(text("SELECT * FROM jobs WHERE id = :job"), {"job": job["id"]}).first())
 
     def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Extend `owner`'s lease on a running or loading job; False when it is no longer its own."""
@@ -542,6 +399,15 @@ class JobStore:
             return connection.execute(text(
                 "UPDATE jobs SET status_detail = :detail WHERE id = :job AND owner = :owner AND status = 'running'"
             ), {"detail": detail, "job": job_id, "owner": owner}).rowcount == 1
+
+    def adopt_fingerprint(self, job_id: str, owner: str, fingerprint: str) -> bool:
+        """Record `fingerprint` for a running job of `owner` that has none and no stored row yet (a job
+        from before schema 6); False otherwise, when nothing is written."""
+        with self._write() as connection:
+            return connection.execute(text(
+                "UPDATE jobs SET fingerprint = :fingerprint WHERE id = :job AND owner = :owner AND status = 'running'"
+                " AND fingerprint IS NULL AND done = 0"
+            ), {"fingerprint": fingerprint, "job": job_id, "owner": owner}).rowcount == 1
 
     def release(self, job_id: str, owner: str) -> bool:
         """Hand a running job of `owner` back to the queue on a clean stop (no stall is counted)."""
@@ -649,23 +515,3 @@ def _savepoint(connection: Connection) -> Iterator[None]:
 
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
-
-
-def _storable(value: str) -> bool:
-    """Whether `value` could be stored at all: valid Unicode without NUL (which PostgreSQL's text cannot
-    hold), so that looking up a hostile id finds nothing instead of failing."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in value
-
-
-def _job(row: Row | None) -> Job | None:
-    if row is None:
-        return None
-    job = dict(row._mapping)
-    for column in _JSON_COLUMNS:
-        if job[column] is not None:
-            job[column] = json.loads(job[column])
-    return Job.from_row(job)

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.errors import ApiError
 from app.jobs.listing import MAX_CURSOR_CHARS
-from app.jobs.schemas import EvaluateRequest, JobList, JobView
+from app.jobs.bodies import EvaluateRequest, JobList, JobView
 from app.jobs.service import JobService
 
 router = APIRouter(tags=["evaluate"])

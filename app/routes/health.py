@@ -6,8 +6,9 @@ at ``BART_OPT_FD_UNHEALTHY_FRACTION`` of ``RLIMIT_NOFILE``; the use is in every 
 model that failed to load keeps ``/health`` at 200 (a restart with the same settings fails
 the same way; ``/ready`` says why it is not ready). A ready ``/ready`` names the checkpoint by
 its fingerprint (`bart_opt.fingerprint`) and lists the operator faults in effect
-(`app.startup`); it is 503 while the jobs database is damaged (``jobs_store_damaged``, with
-the reason).
+(`app.startup`). While the jobs database is damaged it reads ``degraded``, with a
+``jobs_store_damaged`` warning that says so: ``/summarize`` still serves, evaluation jobs are off
+(their routes answer 503 without ``Retry-After``: waiting will not mend it).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class ReadyWarning(BaseModel):
 
 
 class Ready(BaseModel):
-    status: str
+    status: str = Field(description="``ready``, or ``degraded`` while the jobs database is damaged (see warnings)")
     model: str
     device: str
     fingerprint: str | None = Field(
@@ -64,14 +65,14 @@ async def health(request: Request) -> dict:
 
 
 @router.get("/ready", response_model=Ready,
-            responses={503: {"description": "Model loading, failed to load, worker dead, shutting down, or the jobs "
-                                            "database damaged"}})
+            responses={503: {"description": "Model loading, failed to load, worker dead or shutting down"}})
 async def ready(request: Request) -> dict:
-    """200 once the model is loaded and the worker takes requests; 503 with the reason otherwise."""
+    """200 once the model is loaded and the worker takes requests (``degraded`` while the jobs
+    database is damaged); 503 with the reason otherwise."""
     service = request.app.state.service
     service.check_ready()
-    request.app.state.jobs.check_damaged()
-    fingerprint = service.summarizer.fingerprint
-    return {"status": "ready", "model": service.model_name, "device": str(service.summarizer.device),
+    damage = request.app.state.jobs.damage()
+    fingerprint = service.fingerprint
+    return {"status": "ready" if damage is None else "degraded", "model": service.model_name, "device": service.device,
             "fingerprint": None if fingerprint is None else str(fingerprint),
-            "warnings": startup.warnings(request.app.state.settings)}
+            "warnings": startup.warnings(request.app.state.settings) + ([damage] if damage else [])}

@@ -29,13 +29,12 @@ async def metrics(
 ) -> Response | dict:
     """Prometheus exposition by default; ``?format=json`` for memory stats (weights included), requests in
     flight, queues, latency percentiles per route and the last requests."""
-    service = request.app.state.service
+    engine = request.app.state.engine
     registry = request.app.state.metrics
     if format == "prometheus":
         return Response(registry.exposition(), media_type=CONTENT_TYPE_LATEST)
-    device = str(service.summarizer.device) if service.summarizer is not None else None
-    waiting = {kind.value: service.worker.queue_length(kind) if service.worker else 0 for kind in Kind}
-    queue = {"waiting": waiting, "capacity": settings.queue_size, "state": service.state.value}
-    snapshot = registry.snapshot(device)
-    snapshot["memory"]["weights_bytes"] = service.summarizer.model.weights_bytes() if device is not None else None
+    waiting = {kind.value: engine.queue_length(kind) for kind in Kind}
+    queue = {"waiting": waiting, "capacity": settings.queue_size, "state": engine.state.value}
+    snapshot = registry.snapshot(engine.device)
+    snapshot["memory"]["weights_bytes"] = engine.weights_bytes()
     return {**snapshot, "queue": queue}

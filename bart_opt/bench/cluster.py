@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from bart_opt.data import Record
-from bart_opt.evaluate import iter_predictions, run_evaluation
+from bart_opt.evaluate import SummarizerExecutor, run_evaluation
 from bart_opt.summarizer import Summarizer
 
 
@@ -71,39 +71,48 @@ def make_records(model: str, n: int, median_tokens: int, sigma: float, seed: int
             for i, article in enumerate(articles)]
 
 
+class _Recorded:
+    """An executor that notes every row batch it hands on, with the time it arrived."""
+
+    def __init__(self, executor):
+        self.executor = executor
+        self.batches: list[tuple[float, object]] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self.executor, name)
+
+    def run(self, source, spec, control):
+        for batch in self.executor.run(source, spec, control):
+            self.batches.append((time.time(), batch))
+            yield batch
+
+
+def _work_s(batches) -> float:
+    """The batches' work: their rows' tokenize/generate/decode/score seconds."""
+    return sum(row["seconds"] for _, batch in batches for row in batch.rows)
+
+
 def run_single(summarizer: Summarizer, load_s: float, records: list[Record], out: Path, generation: dict) -> dict:
-    batches: list[tuple[float, float]] = []  # (finished_at, seconds) of each batch
+    recorded = _Recorded(SummarizerExecutor(summarizer))
     began = time.time()
-
-    def predict(records, spec, *, skip_ids):
-        for batch in iter_predictions(summarizer, records, spec, skip_ids=skip_ids):
-            batches.append((time.time(), sum(batch.outcome.timing.values())))
-            yield batch.rows
-
-    metrics = run_evaluation(summarizer, records, out, generation, progress=False, predict=predict)
+    metrics = run_evaluation(recorded, records, out, generation, progress=False)
     wall = time.time() - began + load_s  # from nothing loaded, as on Ray
-    return {"wall_s": wall, "startup_s": load_s, "busy_s": batches[-1][0] - began,
-            "work_s": sum(seconds for _, seconds in batches), "workers": 1, "rouge": metrics["rouge"],
+    return {"wall_s": wall, "startup_s": load_s, "busy_s": recorded.batches[-1][0] - began,
+            "work_s": _work_s(recorded.batches), "workers": 1, "rouge": metrics["rouge"],
             "predictions": _predictions(out)}
 
 
 def run_ray(pool, records: list[Record], out: Path, generation: dict) -> dict:
-    batches = []
-
-    def predict(records, spec, *, skip_ids):
-        for batch in pool.iter_batches(records, spec, skip_ids=skip_ids):
-            batches.append(batch)
-            yield batch.rows
-
+    recorded = _Recorded(pool)
     began = time.time()
-    metrics = run_evaluation(pool, records, out, generation, progress=False, predict=predict)
+    metrics = run_evaluation(recorded, records, out, generation, progress=False)
     wall = time.time() - began
     spans: dict[str, list[float]] = defaultdict(list)
-    for batch in batches:
-        spans[batch.replica] += [batch.call_started_at, batch.finished_at]
+    for _, batch in recorded.batches:
+        spans[batch.replica] += [batch.started_at, batch.finished_at]
     busy = sum(max(times) - min(times) for times in spans.values())
     startup = min(min(times) for times in spans.values()) - began
-    return {"wall_s": wall, "startup_s": startup, "busy_s": busy, "work_s": sum(b.seconds for b in batches),
+    return {"wall_s": wall, "startup_s": startup, "busy_s": busy, "work_s": _work_s(recorded.batches),
             "workers": len(spans), "rouge": metrics["rouge"], "predictions": _predictions(out)}
 
 
@@ -140,7 +149,8 @@ def _plural(count: int, word: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from bart_opt.distributed import ClusterOptions, ReplicaConfig, ReplicaPool, connect
+    from bart_opt.distributed import ClusterOptions, ReplicaPool, connect
+    from bart_opt.options import EngineOptions
 
     root = Path(tempfile.mkdtemp(prefix="bart-opt-bench-cluster-"))
     try:
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for replicas in dict.fromkeys((args.replicas, 1)):  # one replica: the CPU of one process, Ray's cost alone
             options = ClusterOptions(replicas=replicas, threads_per_replica=args.threads_per_replica)
             name = f"Ray, {_plural(replicas, 'replica')} x {_plural(args.threads_per_replica, 'thread')}"
-            paths[name] = functools.partial(run_ray, ReplicaPool(ReplicaConfig(model=args.model), options))
+            paths[name] = functools.partial(run_ray, ReplicaPool(EngineOptions(model=args.model), options))
         best: dict[str, dict] = {}
         for repeat in range(args.repeats):
             for number, (name, run) in enumerate(paths.items()):

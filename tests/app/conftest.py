@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,14 +15,16 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from app.settings import Settings
 from bart_opt.summarizer import Summarizer
 from tests.app.helpers import serving
 
 # Every app the tests build (and every server they start) keeps its evaluation jobs in a
 # throwaway database, never in ./bart_opt_jobs.db where a developer's own jobs may wait.
-os.environ["BART_OPT_DB"] = str(Path(tempfile.mkdtemp(prefix="bart_opt_test_jobs_")) / "jobs.db")
+_jobs_folder = tempfile.mkdtemp(prefix="bart_opt_test_jobs_")
+atexit.register(shutil.rmtree, _jobs_folder, ignore_errors=True)
+os.environ["BART_OPT_DB"] = str(Path(_jobs_folder) / "jobs.db")
 # The tests assert CPU facts (live-tensor memory counts, fp32 summaries); on a GPU machine the
 # service would otherwise pick CUDA and float16.
 os.environ["BART_OPT_DEVICE"] = "cpu"

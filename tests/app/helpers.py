@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from bart_opt.demo import random_article
 
 # Short generation keeps each model call of the tiny demo model well under a second.
@@ -53,7 +53,7 @@ def serving(app: FastAPI, *, wait_ready: bool = True) -> Iterator[TestClient]:
     """Run the app's lifespan and yield a TestClient (after the model loaded, by default)."""
     with TestClient(app, raise_server_exceptions=False) as client:
         if wait_ready:
-            assert app.state.service.worker.wait_ready(60), app.state.service.worker.load_error
+            assert app.state.engine.worker.wait_ready(60), app.state.engine.worker.load_error
         yield client
 
 
@@ -72,7 +72,7 @@ def live_server(app: FastAPI) -> Iterator[tuple[str, int]]:
                 break
             threading.Event().wait(0.01)
         assert server.started, "uvicorn did not start"
-        assert app.state.service.worker.wait_ready(60), app.state.service.worker.load_error
+        assert app.state.engine.worker.wait_ready(60), app.state.engine.worker.load_error
         yield "127.0.0.1", server.servers[0].sockets[0].getsockname()[1]
     finally:
         server.should_exit = True
@@ -83,8 +83,8 @@ def live_server(app: FastAPI) -> Iterator[tuple[str, int]]:
 async def async_serving(app: FastAPI):
     """Async variant of `serving`: an httpx AsyncClient on the ASGI app, lifespan running."""
     async with app.router.lifespan_context(app):
-        ready = await asyncio.to_thread(app.state.service.worker.wait_ready, 60)
-        assert ready, app.state.service.worker.load_error
+        ready = await asyncio.to_thread(app.state.engine.worker.wait_ready, 60)
+        assert ready, app.state.engine.worker.load_error
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=120) as client:
             yield client

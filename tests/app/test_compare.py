@@ -53,7 +53,7 @@ def service() -> CompareService:
     other = [row(f"x{i}", s) for i, s in enumerate(scores(8, seed=3))]
     return CompareService(Jobs({"a": (view(), a), "b": (view(generation={"num_beams": 4}), b),
                                 "other": (view(), other), "busy": (view("running"), a[:3]),
-                                "big": (view(total=9), a)}), max_examples=8)  # fmt: skip
+                                "big": (view(total=9), a)}), max_examples=8, max_resamples=10_000)  # fmt: skip
 
 
 def test_the_comparison_is_the_library_one_with_the_jobs_settings(service):

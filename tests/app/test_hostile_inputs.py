@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.errors import ErrorBody
-from app.jobs.schemas import JobView
+from app.jobs.bodies import JobView
 from app.schemas import GenerationOptions, SummarizeResponse
 from tests.app.helpers import serving
 

@@ -39,7 +39,7 @@ def test_an_unexpected_error_is_one_500_logged_once_and_the_connection_stays_usa
         def explode(*args, **kwargs):
             raise RuntimeError("secret detail in /srv/private/path")
 
-        app.state.service.summarizer.summarize_groups = explode
+        app.state.engine.summarizer.summarize_groups = explode
         connection = http.client.HTTPConnection(host, port, timeout=60)
         body = json.dumps({"texts": ["anything"], "generation": FAST})
         connection.request("POST", "/summarize", body, {"Content-Type": "application/json"})

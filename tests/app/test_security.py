@@ -61,7 +61,7 @@ def test_auth_works_while_the_jobs_database_and_the_model_are_down(make_app, tmp
     blocker.write_text("")
     app = make_app(api_key="s3cret", db=str(blocker / "jobs.db"), model=str(tmp_path / "no-model"))
     with serving(app, wait_ready=False) as client:
-        assert not app.state.service.worker.wait_ready(60)
+        assert not app.state.engine.wait_ready(60)
         auth = {"Authorization": "Bearer s3cret"}
         assert client.get("/evaluate", params={"limit": 1}, headers=auth).status_code == 503
         assert client.get("/ready").status_code == 503

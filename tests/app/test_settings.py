@@ -32,7 +32,7 @@ def test_environment_with_prefix(monkeypatch):
 
 
 def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
-    from app.service import load_summarizer
+    from app.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_EXACT", "true")
     settings = Settings(model=demo_checkpoint)
@@ -41,7 +41,7 @@ def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
 
 
 def test_fast_mode_reaches_the_model_and_refuses_exact_beside_it(monkeypatch, demo_checkpoint):
-    from app.service import load_summarizer
+    from app.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_FAST", "true")
     model = load_summarizer(Settings(model=demo_checkpoint)).model
@@ -63,8 +63,50 @@ def test_bad_values_are_refused(field, value):
 
 def test_importing_the_app_loads_no_model():
     main = importlib.import_module("app.main")
-    assert main.app.state.service.summarizer is None
-    assert main.app.state.service.worker is None
+    assert getattr(main.app.state, "engine", None) is None  # the engine and its model come with the lifespan
+
+
+def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(monkeypatch):
+    from bart_opt.options import EngineOptions
+
+    for name in ("MAX_BATCH_TOKENS", "MAX_BATCH_SIZE", "MAX_BEAMS", "TORCH_THREADS", "COUNT_CPU_TENSORS"):
+        monkeypatch.delenv(f"BART_OPT_{name}", raising=False)
+    s = Settings(model="m", device="cpu")
+    assert s.engine_options() == EngineOptions(model="m", device="cpu", max_batch_tokens=16384, max_batch_size=32,
+                                               max_beams=16)
+    monkeypatch.setenv("BART_OPT_TORCH_THREADS", "3")
+    monkeypatch.setenv("BART_OPT_COUNT_CPU_TENSORS", "false")
+    s = Settings(model="m")
+    assert (s.engine_options().torch_threads, s.engine_options().count_cpu_tensors) == (3, False)
+
+
+def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
+    from app.settings import engine_settings
+    from tests.bart_opt.test_options import WithQuantize
+
+    class QuantizeSettings(engine_settings(WithQuantize)):
+        model_config = Settings.model_config
+
+    assert QuantizeSettings().quantize is None
+    monkeypatch.setenv("BART_OPT_QUANTIZE", "int8")
+    assert QuantizeSettings().quantize == "int8"
+    monkeypatch.setenv("BART_OPT_QUANTIZE", "int4")
+    with pytest.raises(ValidationError, match="quantize"):
+        QuantizeSettings()
+
+
+def test_bart_opt_static_reaches_the_model(monkeypatch, demo_checkpoint):
+    from app.engine import load_summarizer
+
+    monkeypatch.delenv("BART_OPT_STATIC", raising=False)
+    assert Settings(model=demo_checkpoint, device="cpu").static is False
+    monkeypatch.setenv("BART_OPT_STATIC", "true")
+    settings = Settings(model=demo_checkpoint, device="cpu")
+    assert settings.static is True and settings.engine_options().static is True
+    assert load_summarizer(settings).model.static is True
+    monkeypatch.setenv("BART_OPT_STATIC", "maybe")
+    with pytest.raises(ValidationError, match="static"):
+        Settings(model=demo_checkpoint)
 
 
 @pytest.mark.parametrize("value, says", [

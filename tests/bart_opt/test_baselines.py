@@ -6,18 +6,9 @@ import json
 
 import pytest
 
-from bart_opt.baselines import (
-    UnknownBaselineError,
-    baseline_rows,
-    baseline_summary,
-    check_baselines,
-    is_baseline,
-    lead_3,
-    run_baseline_evaluation,
-    score_baselines,
-)
+from bart_opt.baselines import UnknownBaselineError, baseline_summary, check_baselines, is_baseline, lead_3
 from bart_opt.data import Record
-from bart_opt.evaluate import RUN_FILE, dataset_fingerprint
+from bart_opt.evaluate import RUN_FILE, baseline_rows, dataset_fingerprint, run_baseline_evaluation, score_baselines
 from bart_opt.rouge import RougeScorer
 
 ARTICLE = (

@@ -5,11 +5,12 @@ from __future__ import annotations
 import gc
 import random
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 import torch
 
-from bart_opt.batching import collate, fixed_batches, plan_batches, run_with_oom_split, trim_pad_columns
+from bart_opt.batching import collate, fixed_batches, pipelined, plan_batches, run_with_oom_split, trim_pad_columns
 
 
 class FakeOOM(RuntimeError):
@@ -197,3 +198,88 @@ def test_oom_message_is_one_short_line():
     assert outcome.errors == {
         4: "out of memory on this input even in a batch of one (CUDA out of memory. Tried to allocate 2.00 GiB.)"
     }
+
+
+def test_isolate_runs_a_failed_batch_input_by_input_and_keeps_the_one_at_fault():
+    calls = []
+
+    def batch_fn(batch):
+        calls.append(list(batch))
+        if 2 in batch:
+            raise ValueError("input 2 is cursed")
+        return [p * 10 for p in batch]
+
+    outcome = run_with_oom_split(batch_fn, [0, 1, 2, 3], isolate=True)
+    assert outcome.results == {0: 0, 1: 10, 3: 30} and list(outcome.failures) == [2] and outcome.failed
+    assert str(outcome.failures[2]) == "input 2 is cursed" and calls == [[0, 1, 2, 3], [0], [1], [2], [3]]
+    with pytest.raises(ValueError, match="cursed"):
+        run_with_oom_split(batch_fn, [2, 3])
+
+
+def test_skip_withdraws_inputs_before_each_call():
+    withdrawn: set[int] = set()
+
+    def batch_fn(batch):
+        withdrawn.add(3)  # withdrawn while the first call runs: the retries leave it out
+        raise FakeOOM("CUDA out of memory")
+
+    outcome = run_with_oom_split(batch_fn, [0, 1, 2, 3], oom_errors=(FakeOOM,), skip=lambda: withdrawn)
+    assert outcome.skipped == [3] and sorted(outcome.errors) == [0, 1, 2]
+
+
+class LoggingDevice:
+    """A device that runs each call at once and logs it; `cancelled` names plans it drops instead."""
+
+    finishes = stopping = False
+
+    def __init__(self, depth: int, log: list, cancelled: tuple = ()):
+        self.depth, self.log, self.dropped = depth, log, cancelled
+        self.futures: list[Future] = []
+
+    def submit(self, call):
+        future: Future = Future()
+        plan = call.args[-1]
+        self.log.append(("start", plan))
+        if plan in self.dropped:
+            future.cancel()
+        else:
+            future.set_result(call())
+        self.futures.append(future)
+        return future
+
+    def cancel(self, future: Future) -> None:
+        self.log.append(("cancel", self.futures.index(future)))
+
+
+def consume(results, log: list) -> None:
+    for value in results:
+        log.append(("got", value))
+
+
+@pytest.mark.parametrize(("depth", "plans", "expected"), [
+    (1, [1, 2], [("start", 1), ("start", 2), ("got", 10), ("got", 20)]),
+    # Two on the device; after the failing -2 is known, plan 4 waits until -2 was delivered.
+    (2, [1, -2, 3, 4], [("start", 1), ("start", -2), ("start", 3), ("got", 10), ("got", -20), ("start", 4),
+                        ("got", 30), ("got", 40)]),
+])
+def test_the_next_plans_are_on_the_device_before_one_is_delivered_and_failures_go_one_at_a_time(depth, plans,
+                                                                                                expected):
+    log: list = []
+    with ThreadPoolExecutor(1) as finisher:
+        consume(pipelined(plans, lambda plan: plan, lambda plan: plan * 10, device=LoggingDevice(depth, log),
+                          finisher=finisher, failed=lambda plan: plan < 0), log)
+    assert log == expected
+
+
+def test_a_plan_the_device_dropped_ends_the_run_and_closing_cancels_what_was_not_started():
+    log: list = []
+    with ThreadPoolExecutor(1) as finisher:
+        consume(pipelined([1, 2, 3, 4], lambda plan: plan, lambda plan: plan * 10,
+                          device=LoggingDevice(2, log, cancelled=(2,)), finisher=finisher), log)
+        assert log == [("start", 1), ("start", 2), ("start", 3), ("got", 10), ("cancel", 2)]
+        log.clear()
+        results = pipelined([1, 2, 3], lambda plan: plan, lambda plan: plan, device=LoggingDevice(2, log),
+                            finisher=finisher)
+        assert next(results) == 1
+        results.close()
+    assert log == [("start", 1), ("start", 2), ("start", 3), ("cancel", 1), ("cancel", 2)]  # 2 and 3 dropped

@@ -26,6 +26,7 @@ from bart_opt.cli import main
 from bart_opt.data import Record, load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions, run_evaluation
+from bart_opt.options import EngineOptions
 from bart_opt.summarizer import Summarizer
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
@@ -35,7 +36,6 @@ from bart_opt.distributed import (  # noqa: E402 - only with Ray installed
     ClusterOptions,
     Placement,
     Replica,
-    ReplicaConfig,
     ReplicaPool,
     disconnect,
     place,
@@ -66,7 +66,7 @@ def expected(checkpoint: str, records: list[Record]) -> tuple[dict, dict]:
     summarizer = Summarizer.from_pretrained(checkpoint)
     spec = summarizer.generation_spec(GEN)
     rows = {row["id"]: row for batch in iter_predictions(summarizer, records, spec) for row in batch.rows}
-    return rows, compute_metrics(rows, records, summarizer=summarizer, generation=spec.to_dict())
+    return rows, compute_metrics(rows, records, model=summarizer, generation=spec.to_dict())
 
 
 # ---- without a cluster ---------------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_a_replica_runs_the_pipeline_of_one_process_and_passes_refused_records_t
     spec = summarizer.generation_spec(GEN)
     threads = torch.get_num_threads()
     try:
-        replica = Replica(ReplicaConfig(model=demo_checkpoint), spec, threads=1)
+        replica = Replica(EngineOptions(model=demo_checkpoint, torch_threads=1), spec)
     finally:
         torch.set_num_threads(threads)
     # No reference and no refusal anywhere: all-null columns, which a NumPy batch would turn into NaN.
@@ -134,7 +134,7 @@ def test_a_replica_loads_the_model_in_exact_or_fast_mode_when_asked(demo_checkpo
     spec = Summarizer.from_pretrained(demo_checkpoint).generation_spec(GEN)
     threads = torch.get_num_threads()
     try:
-        replicas = [Replica(ReplicaConfig(model=demo_checkpoint, exact=exact, fast=fast), spec, threads=1)
+        replicas = [Replica(EngineOptions(model=demo_checkpoint, exact=exact, fast=fast, torch_threads=1), spec)
                     for exact, fast in ((False, False), (True, False), (False, True))]
     finally:
         torch.set_num_threads(threads)
@@ -212,19 +212,25 @@ def test_cli_ray_run_equals_the_single_process_run(ray_cluster, demo_checkpoint,
 def test_a_replica_killed_mid_run_is_replaced_and_every_example_is_written_once(ray_cluster, demo_checkpoint,
                                                                                  tmp_path):
     records = load_records(file=cnn_file(tmp_path / "cnn.jsonl", 48, seed=3))
-    pool = ReplicaPool(ReplicaConfig(model=demo_checkpoint), ClusterOptions(address=ray_cluster, replicas=2))
+    pool = ReplicaPool(EngineOptions(model=demo_checkpoint), ClusterOptions(address=ray_cluster, replicas=2))
     replicas: list[int] = []  # the pid of the replica of each finished batch, in arrival order
     killed: list[int] = []
 
-    def predict(records, spec, *, skip_ids):
-        for batch in pool.iter_batches(records, spec, skip_ids=skip_ids):
-            replicas.append(int(batch.replica.rsplit(":", 1)[1]))
-            if not killed:  # the replica that finished the first batch dies while it runs its next one
-                os.kill(replicas[0], signal.SIGKILL)
-                killed.append(replicas[0])
-            yield batch.rows
+    class Killing:
+        """The pool, killing the replica that finished the first batch while it runs its next one."""
 
-    metrics = run_evaluation(pool, records, tmp_path / "run", GEN, progress=False, predict=predict)
+        def __getattr__(self, name):
+            return getattr(pool, name)
+
+        def run(self, source, spec, control):
+            for batch in pool.run(source, spec, control):
+                replicas.append(int(batch.replica.rsplit(":", 1)[1]))
+                if not killed:
+                    os.kill(replicas[0], signal.SIGKILL)
+                    killed.append(replicas[0])
+                yield batch
+
+    metrics = run_evaluation(Killing(), records, tmp_path / "run", GEN, progress=False)
     rows = predictions(tmp_path / "run")
     assert len(replicas) > 1 and set(replicas[1:]) - set(killed)  # the run went on after the kill ...
     assert len(set(replicas) - set(killed)) == 2  # ... on the other replica and on the one that replaced it

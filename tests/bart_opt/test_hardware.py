@@ -60,6 +60,19 @@ def test_auto_is_float32_on_every_cpu_and_says_why(cpu, caplog):
     dtype, reason = hardware.choose_dtype(None, "cpu")
     assert dtype == torch.float32 and "bfloat16 is native" in reason and "transformers' float32" in reason
     assert hardware.choose_dtype("auto", "cuda") == (torch.float16, "auto: float16 on CUDA")
+    assert hardware.choose_dtype("auto", "mps") == (torch.float32, "auto: float32 on mps")
+
+
+def test_engine_options_resolve_auto_through_the_probe(cpu, caplog):
+    from bart_opt.options import EngineOptions
+
+    cpu(EPYC)
+    with caplog.at_level(logging.INFO, logger="bart_opt.hardware"):
+        assert EngineOptions(model="m").torch_dtype(torch.device("cpu")) == torch.float32
+        assert EngineOptions(model="m", dtype="bfloat16").torch_dtype(torch.device("cpu")) == torch.bfloat16
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0].startswith("dtype auto: float32 on this CPU (AVX2): it has no native bfloat16")
+    assert sum("bfloat16 runs emulated on this CPU" in m for m in messages) == 1
 
 
 def test_explicit_dtypes_are_kept(cpu):

@@ -61,7 +61,7 @@ class LiveServer:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the live server did not start")
             time.sleep(0.05)
-        worker = self.app.state.service.worker
+        worker = self.app.state.engine.worker
         assert worker.wait_ready(self.ready_timeout), worker.load_error
         return self
 

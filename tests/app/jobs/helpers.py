@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from app.main import create_app
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from app.settings import Settings
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions
@@ -149,7 +149,7 @@ def evaluate_directly(summarizer, records, generation) -> tuple[dict, dict]:
     """What `bart-opt evaluate` computes for these records: rows by id, and the metrics."""
     spec = summarizer.generation_spec(generation)
     rows = {row["id"]: row for batch in iter_predictions(summarizer, records, spec) for row in batch.rows}
-    return rows, compute_metrics(rows, records, summarizer=summarizer, generation=spec.to_dict())
+    return rows, compute_metrics(rows, records, model=summarizer, generation=spec.to_dict())
 
 
 def prediction_rows(client, job_id: str) -> list[dict]:

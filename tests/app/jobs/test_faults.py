@@ -116,19 +116,25 @@ def test_a_damaged_database_reads_as_damaged_not_as_retry_later(make_jobs_app, w
         handle.write(b"\xa5" * (58 * 4096))
     with serving(make_jobs_app()) as client:
         deadline = time.monotonic() + 30
-        while (ready := client.get("/ready")).status_code == 200:  # the store's check runs once it is open
+        while (ready := client.get("/ready")).json()["status"] == "ready":  # the store's check runs once it is open
             assert time.monotonic() < deadline, "the damage was never found"
             time.sleep(0.05)
         view = client.get(f"/evaluate/{job_id}")
         submitted = client.post("/evaluate", json={"dataset": {"file": "many.jsonl"}, "generation": FAST})
         health = client.get("/health")
-    for answer in (view, submitted, ready):
+        summarized = client.post("/summarize", json={"texts": ["A text to summarize."], "generation": FAST})
+    errors = [answer.json()["error"] for answer in (view, submitted)]
+    for answer in (view, submitted):
         assert answer.status_code == 503 and "retry-after" not in answer.headers, answer.text
-        error = answer.json()["error"]
+    # /ready: degraded, with the reason, the same words as the routes' 503s
+    assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
+    [warning] = [w for w in ready.json()["warnings"] if w["code"] == "jobs_store_damaged"]
+    for error in (*errors, warning):
         assert error["code"] == "jobs_store_damaged", error
         assert error["message"].startswith("the jobs database (BART_OPT_DB) is damaged") and "retry" not in error[
             "message"] and "restore" in error["message"]
     assert health.status_code == 200  # /summarize still works: the process need not be restarted for it
+    assert summarized.status_code == 200, summarized.text
     assert "is damaged" in caplog.text and str(tmp_path) not in view.text
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from app.jobs.job import Job
-from app.jobs.schemas import JobView
+from app.jobs.bodies import JobView
 from app.jobs.store import JobStore, NewJob
 from bart_opt.data import Record
 

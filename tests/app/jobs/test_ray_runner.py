@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from app.jobs.store import JobStore
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from bart_opt.data import load_records
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import cnn_rows, evaluate_directly, prediction_rows, wait_for_job
@@ -120,7 +120,7 @@ from app.settings import Settings
 model, db, address = sys.argv[1:4]
 settings = Settings(model=model, db=db, data_dir=".", ray_address=address or None, torch_threads=1)
 with TestClient(create_app(settings)) as client:
-    assert client.app.state.service.worker.wait_ready(120)
+    assert client.app.state.engine.worker.wait_ready(120)
     records = [{"id": str(i), "text": "The council met on Monday to vote.", "reference": "Council votes."}
                for i in range(3)]
     job = client.post("/evaluate", json={"dataset": {"records": records}, "generation": {"max_length": 8}}).json()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from contextlib import ExitStack
 
 import httpx
@@ -88,3 +89,39 @@ def test_three_replicas_one_killed_mid_job_every_example_once_and_the_same_rouge
             assert view["rouge"] == alone["rouge"], k
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_job_cancelled_through_another_replica_stops_on_its_owner(demo_checkpoint, tmp_path, postgres_cluster):
+    url = postgres_cluster.create_database()
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "cnn.jsonl").write_text("".join(json.dumps(row) + "\n" for row in cnn_rows(60, seed=61)))
+    settings = {**SETTINGS, "db": url, "data_dir": data_dir}
+    store = JobStore(url)
+    with ExitStack() as stack:
+        owner, other = (stack.enter_context(ServerProcess(demo_checkpoint, tmp_path / f"{name}.log", settings))
+                        for name in "ab")
+        answer = httpx.post(f"{owner.url}/evaluate", json={"dataset": {"file": "cnn.jsonl"}, "generation": GENERATIONS[0]},
+                            timeout=60)
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["id"]
+        poll_server(owner, job_id, lambda view: view["status"] == "running" and view["progress"]["done"] >= 1)
+        [(claimed_by,)] = sql(store, "SELECT owner FROM jobs WHERE id = :job", job=job_id)
+        assert int(claimed_by.split(":")[1]) == owner.process.pid  # the submitting replica runs it (b is idle)
+        cancelled = httpx.delete(f"{other.url}/evaluate/{job_id}", timeout=30)
+        again = httpx.delete(f"{owner.url}/evaluate/{job_id}", timeout=30)
+        seen = poll_server(owner, job_id, lambda view: view["status"] != "running")
+        [(written_then,)] = sql(store, "SELECT COUNT(*) FROM predictions WHERE job_id = :job", job=job_id)
+        time.sleep(3 * SETTINGS["job_lease_s"])  # past a lease renewal: the owner has had every chance to write
+        [(written_later,)] = sql(store, "SELECT COUNT(*) FROM predictions WHERE job_id = :job", job=job_id)
+        later = httpx.get(f"{owner.url}/evaluate/{job_id}", timeout=30).json()
+        [(status, claimed_after)] = sql(store, "SELECT status, owner FROM jobs WHERE id = :job", job=job_id)
+        log = owner.log()
+    store.close()
+    assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled", cancelled.text
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"  # idempotent on any replica
+    assert seen["status"] == later["status"] == status == "cancelled"
+    assert claimed_after is None
+    assert written_later <= written_then + 1 < 60  # at most the batch already on the device lands... or nothing
+    assert later["progress"]["done"] == written_later
+    assert "stopped" in log  # the owner noticed and let go of the job

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import functools
+import shutil
 import time
 
+from sqlalchemy import text
+
 from app.jobs.store import JobStore, NewJob
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from bart_opt.data import Record, load_records
+from bart_opt.demo import build_checkpoint
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import Stepper, cnn_rows, evaluate_directly, prediction_rows, wait_for_job
 
@@ -158,3 +162,64 @@ def test_a_job_for_another_model_is_failed_on_resume(make_jobs_app, tmp_path):
         view = wait_for_job(client, "old")
     assert view["status"] == "failed" and "some/other-model" in view["error"] and view["progress"]["done"] == 0
     assert "/" not in view["error"].split("server now runs")[1]  # the server's own model folder by name only
+
+
+def _half_run(make_jobs_app, model: str, records: str) -> tuple[str, dict, list[dict]]:
+    """A job on `records` stopped after two of its three batches (as the service stops); its id, view and rows."""
+    stepper = Stepper()
+    app = make_jobs_app(load=stepper.loader(), model=model, max_batch_size=2)
+    with serving(app) as client:
+        try:
+            job_id = submit_file(client, records)
+            stepper.allow(1)
+            wait_for_job(client, job_id, until=lambda view: view["progress"]["done"] == 2)
+            stepper.wait_arrived(2)
+            app.state.jobs.runner.stop(timeout=0)
+        finally:
+            stepper.allow(100)
+        app.state.jobs.runner.stop(timeout=60)
+        view = client.get(f"/evaluate/{job_id}").json()
+        assert view["fingerprint"] == client.get("/ready").json()["fingerprint"]
+        rows = prediction_rows(client, job_id)
+    assert view["status"] == "queued" and view["progress"]["done"] == 4
+    return job_id, view, rows
+
+
+def test_a_job_is_failed_not_mixed_when_its_model_folder_now_holds_another_checkpoint(make_jobs_app, write_jsonl,
+                                                                                      tmp_path):
+    """Issue 25, finding 1: stopped midway, the folder refilled with other weights, the service restarted."""
+    write_jsonl("six.jsonl", cnn_rows(6, seed=15))
+    model = tmp_path / "model"
+    build_checkpoint(model, seed=1)
+    job_id, stopped, rows_before = _half_run(make_jobs_app, str(model), "six.jsonl")
+    shutil.rmtree(model)
+    build_checkpoint(model, seed=2)  # same path, same config and tokenizer, other weights
+    with serving(make_jobs_app(model=str(model), max_batch_size=2)) as client:
+        view = wait_for_job(client, job_id)
+        now = client.get("/ready").json()["fingerprint"]
+        rows = prediction_rows(client, job_id)
+    assert now != stopped["fingerprint"]
+    assert view["status"] == "failed" and view["fingerprint"] == stopped["fingerprint"]
+    assert f"submitted to checkpoint {stopped['fingerprint']}" in view["error"] and now in view["error"]
+    assert "submit it again" in view["error"] and str(tmp_path) not in view["error"]
+    assert view["progress"]["done"] == 4 and rows == rows_before  # nothing written by the second checkpoint
+    assert view["rouge"] is None
+
+
+def test_a_job_from_before_fingerprints_takes_the_checkpoint_only_if_nothing_is_stored(make_jobs_app, write_jsonl,
+                                                                                      demo_checkpoint, tmp_path):
+    write_jsonl("six.jsonl", cnn_rows(6, seed=16))
+    job_id, stopped, _ = _half_run(make_jobs_app, demo_checkpoint, "six.jsonl")
+    store = JobStore(tmp_path / "jobs.db")
+    store.create(NewJob(id="fresh", request_hash="h", model=demo_checkpoint, dataset={"records": 1},
+                        columns={"text": "text", "summary": "reference", "id": "id"}, limit=None,
+                        generation=stopped["generation"]), [Record("1", "a text", "a summary")])
+    with store.engine.begin() as connection:  # as schema 6 finds jobs made before it
+        connection.execute(text("UPDATE jobs SET fingerprint = NULL"))
+    with serving(make_jobs_app(max_batch_size=2)) as client:
+        half, fresh = wait_for_job(client, job_id), wait_for_job(client, "fresh")
+        ready = client.get("/ready").json()["fingerprint"]
+    store.close()
+    assert half["status"] == "failed" and "predates checkpoint fingerprints" in half["error"]
+    assert half["progress"]["done"] == 4 and half["fingerprint"] is None
+    assert fresh["status"] == "succeeded" and fresh["fingerprint"] == ready

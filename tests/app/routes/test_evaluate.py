@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from app.jobs.schemas import EvaluateRequest
+from app.jobs.bodies import EvaluateRequest
 from app.jobs.service import _hash
 from app.jobs.store import NewJob
 from app.worker import Kind
-from bart_opt.baselines import score_baselines
+from bart_opt.evaluate import score_baselines
 from bart_opt.data import iter_records, load_records
 from tests.app.helpers import FAST, articles, serving
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
@@ -198,7 +198,7 @@ def test_interactive_requests_run_between_job_batches_and_gauges_follow_the_job(
             asking = threading.Thread(target=lambda: answers.append(
                 client.post("/summarize", json={"texts": articles(1, seed=7), "generation": FAST})))
             asking.start()
-            worker = app.state.service.worker
+            worker = app.state.engine.worker
             deadline = time.monotonic() + 30
             while worker.queue_length(Kind.INTERACTIVE) != 1:
                 assert time.monotonic() < deadline, "the request never reached the queue"

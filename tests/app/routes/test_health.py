@@ -52,7 +52,7 @@ def test_a_model_folder_without_its_tokenizer_is_not_ready_and_says_which_files(
         (folder / name).unlink()
     app = make_app(model=str(folder))
     with serving(app, wait_ready=False) as client:
-        assert not app.state.service.worker.wait_ready(60)
+        assert not app.state.engine.wait_ready(60)
         ready, summarize = client.get("/ready"), client.post("/summarize", json={"texts": ["a text"]})
     for response in (ready, summarize):
         assert response.status_code == 503
@@ -66,7 +66,7 @@ def test_model_that_fails_to_load_keeps_ready_at_503_without_server_details(make
     missing = str(tmp_path / "no-such-checkpoint")
     app = make_app(model=missing)
     with caplog.at_level(logging.ERROR, logger="app"), serving(app, wait_ready=False) as client:
-        assert not app.state.service.worker.wait_ready(60)
+        assert not app.state.engine.worker.wait_ready(60)
         health = client.get("/health")
         ready = client.get("/ready")
         summarize = client.post("/summarize", json={"texts": ["a"]})
@@ -83,7 +83,7 @@ def test_model_that_fails_to_load_keeps_ready_at_503_without_server_details(make
 def test_ready_is_503_after_shutdown_began(make_app):
     app = make_app()
     with serving(app) as client:
-        app.state.service.worker.stop(10)
+        app.state.engine.worker.stop(10)
         ready = client.get("/ready")
         summarize = client.post("/summarize", json={"texts": ["a"]})
     assert ready.status_code == 503 and ready.json()["error"]["code"] == "shutting_down"
@@ -99,7 +99,7 @@ def test_a_dead_worker_fails_waiting_requests_at_once_and_turns_health_and_ready
 
     async def scenario():
         async with async_serving(app) as client:
-            worker = app.state.service.worker
+            worker = app.state.engine.worker
             running = asyncio.create_task(client.post("/summarize", json={"texts": ["runs"], "generation": FAST}))
             await asyncio.to_thread(gate.entered.wait, 30)
             waiting = asyncio.create_task(client.post("/summarize", json={"texts": ["waits"], "generation": FAST}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from tests.app.helpers import FAST, articles, samples, serving, value
 
 
@@ -61,7 +61,7 @@ def test_json_view_has_memory_stats_queue_and_a_bounded_request_log(make_app):
     memory = snapshot["memory"]
     assert memory["device"] == "cpu"
     assert 0 < memory["allocated_bytes"] < memory["peak_bytes"] and memory["rss_bytes"] > 0
-    assert memory["weights_bytes"] == app.state.service.summarizer.model.weights_bytes() == memory["allocated_bytes"]
+    assert memory["weights_bytes"] == app.state.engine.summarizer.model.weights_bytes() == memory["allocated_bytes"]
     assert snapshot["queue"] == {"waiting": {"interactive": 0, "job": 0}, "capacity": 5, "state": "ready"}
     assert snapshot["requests"] == {"in_flight": 1}  # the scrape itself
     summarize = snapshot["latency"]["/summarize"]

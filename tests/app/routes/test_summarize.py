@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.service import load_summarizer
+from app.engine import load_summarizer
 from app.settings import Settings, get_settings
 from tests.app.helpers import FAST, Gate, articles, async_serving, samples, serving, until, value
 
@@ -227,7 +227,7 @@ def test_before_the_model_is_loaded_summarize_and_ready_are_503(make_app, demo_c
         early = summarize(client, ["too early"])
         ready_early = client.get("/ready")
         release.set()
-        assert app.state.service.worker.wait_ready(60)
+        assert app.state.engine.worker.wait_ready(60)
         late = summarize(client, ["in time"])
     assert early.status_code == 503 and ready_early.status_code == 503
     assert early.json()["error"]["code"] == "not_ready" and early.headers["retry-after"]
@@ -236,7 +236,7 @@ def test_before_the_model_is_loaded_summarize_and_ready_are_503(make_app, demo_c
 
 
 def test_unexpected_failure_is_a_500_without_details(client, monkeypatch):
-    summarizer = client.app.state.service.summarizer
+    summarizer = client.app.state.engine.summarizer
 
     def explode(*args, **kwargs):
         raise RuntimeError("secret detail in /srv/private/path")
@@ -266,7 +266,7 @@ def test_full_queue_is_429_with_retry_after_and_queued_requests_are_merged(make_
                 asyncio.create_task(client.post("/summarize", json={"texts": [text], "generation": FAST}))
                 for text in texts[1:]
             ]
-            await until(lambda: app.state.service.worker.queue_length() == 2)
+            await until(lambda: app.state.engine.worker.queue_length() == 2)
             refused = await client.post("/summarize", json={"texts": ["no room"], "generation": FAST})
             gate.open()
             return refused, await first, await asyncio.gather(*queued)
@@ -320,10 +320,10 @@ def test_client_disconnect_drops_its_queued_work(make_app):
             gone, sent = asyncio.Event(), []
             body = {"texts": ["dropped text"], "generation": FAST}
             dropped = asyncio.create_task(disconnecting_request(app, body, gone, sent))
-            await until(lambda: app.state.service.worker.queue_length() == 1)
+            await until(lambda: app.state.engine.worker.queue_length() == 1)
             gone.set()
             await dropped
-            queue_after = app.state.service.worker.queue_length()
+            queue_after = app.state.engine.worker.queue_length()
             gate.open()
             kept = await busy
             metrics = (await client.get("/metrics", params={"format": "json"})).json()
@@ -372,14 +372,14 @@ def test_a_disconnected_client_s_running_work_stops_within_a_step_and_its_batch_
 
     async def scenario():
         async with async_serving(app) as client:
-            pause = StepPause(app.state.service.summarizer.model, rows=2 * 2, pause_at=3)
+            pause = StepPause(app.state.engine.summarizer.model, rows=2 * 2, pause_at=3)
             first = asyncio.create_task(client.post("/summarize", json={"texts": ["first"], "generation": long}))
             await asyncio.to_thread(gate.entered.wait, 30)
             kept = asyncio.create_task(client.post("/summarize", json={"texts": [kept_text], "generation": long}))
             gone, sent = asyncio.Event(), []
             body = {"texts": [dropped_text], "generation": long}
             dropped = asyncio.create_task(disconnecting_request(app, body, gone, sent))
-            await until(lambda: app.state.service.worker.queue_length() == 2)
+            await until(lambda: app.state.engine.worker.queue_length() == 2)
             gate.open()  # "first" runs alone, then kept + dropped share one call
             await asyncio.to_thread(pause.paused.wait, 30)
             gone.set()  # the client leaves while its text is on the device, three steps in
@@ -405,7 +405,7 @@ def test_the_deadline_answers_504_and_cancels_queued_and_running_work(make_app):
 
     async def scenario():
         async with async_serving(app) as client:
-            pause = StepPause(app.state.service.summarizer.model)  # records the steps, never pauses
+            pause = StepPause(app.state.engine.summarizer.model)  # records the steps, never pauses
             started = asyncio.get_running_loop().time()
             three = {"num_beams": 3, "min_length": 20, "max_length": 20}
             running = asyncio.create_task(client.post("/summarize", json={"texts": ["held"], "generation": three}))

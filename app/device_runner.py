@@ -4,7 +4,8 @@
 texts of all items to ``Summarizer.summarize_groups`` (one model call for the lot, planned by
 the pipeline under the token budget) and gives each item an :class:`ItemResult`: its own
 summaries, items, ROUGE, and its share of the memory and timing report. A merged call that
-fails is retried item by item, so one bad request cannot fail the requests it rode with.
+fails is retried item by item (the pipeline's one failure-split policy,
+`bart_opt.batching.run_with_oom_split`), so one bad request cannot fail the requests it rode with.
 An item whose submitter abandons it (client gone, deadline passed) has its texts withdrawn
 from the call between decoder steps; the other items of the call run on unchanged.
 """
@@ -18,9 +19,10 @@ import torch
 
 from app.metrics import Metrics
 from app.worker import WorkItem
+from bart_opt.batching import run_with_oom_split
 from bart_opt.summarizer import SummaryResult, Summarizer
 
-logger = logging.getLogger("app.runner")
+logger = logging.getLogger("app.device_runner")
 
 _SCALED_MEMORY_KEYS = ("peak_bytes", "change_bytes")
 
@@ -84,19 +86,14 @@ class SummarizerRunner:
         self.metrics = metrics
 
     def __call__(self, items: list[WorkItem]) -> list[ItemResult | Exception]:
-        try:
-            return self._run(items)
-        except Exception as error:  # noqa: BLE001 - isolate the failing item below
-            if len(items) == 1:
-                return [error]
-            logger.warning("merged call of %d requests failed (%s); retrying them one by one", len(items), error)
-        return [self._run_one(item) for item in items]
-
-    def _run_one(self, item: WorkItem) -> ItemResult | Exception:
-        try:
-            return self._run([item])[0]
-        except Exception as error:  # noqa: BLE001 - the error belongs to this item's submitter
-            return error
+        """One result per item; an item that fails even alone gets its exception (its submitter's)."""
+        split = run_with_oom_split(lambda positions: self._run([items[p] for p in positions]), range(len(items)),
+                                   isolate=True)
+        if split.failures or split.errors or len(split.calls) > 1:
+            logger.warning("merged call of %d requests failed; ran them one by one (%d failed)", len(items),
+                           len(split.failures) + len(split.errors))
+        return [split.results[p] if p in split.results else split.failures.get(p) or RuntimeError(split.errors[p])
+                for p in range(len(items))]
 
     def _run(self, items: list[WorkItem]) -> list[ItemResult]:
         before = resident_bytes(self.summarizer)

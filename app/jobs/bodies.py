@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.jobs.job import Job
 from app.schemas import GenerationOptions, RougeAggregate
-from app.service import shown_model
+from app.engine import shown_model
 from bart_opt.baselines import BASELINES
 
 BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines
@@ -162,6 +162,9 @@ class JobView(BaseModel):
     id: str
     status: str
     model: str
+    fingerprint: str | None = Field(
+        description="The content digest of the checkpoint the job runs on (`/ready`'s fingerprint when it was "
+        "submitted); the job runs only on a model with the same one. None for a job from before fingerprints.")
     dataset: dict
     columns: dict
     limit: int | None
@@ -195,6 +198,7 @@ class JobView(BaseModel):
             id=job.id,
             status=job.status,
             model=shown_model(job.model),
+            fingerprint=job.fingerprint,
             dataset=job.dataset,
             columns=job.columns,
             limit=job.record_limit,

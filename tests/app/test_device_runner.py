@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.metrics import Metrics
-from app.runner import SummarizerRunner, share_memory
+from app.device_runner import SummarizerRunner, share_memory
 from app.worker import WorkItem
 from bart_opt.summarizer import CANCELLED
 from tests.app.helpers import FAST, articles

@@ -170,7 +170,7 @@ def test_fingerprint_streams_and_marks_the_prefix(records):
 def test_metrics_from_rows_streams_in_record_order(full_run, summarizer, records):
     out, metrics = full_run
     by_id = {row["id"]: row for row in read_lines(out / "predictions.jsonl")}
-    streamed = metrics_from_rows((by_id[r.id] for r in records), summarizer=summarizer,
+    streamed = metrics_from_rows((by_id[r.id] for r in records), model=summarizer,
                                  generation=metrics["generation"])
     assert streamed == {k: v for k, v in metrics.items() if k not in ("wall_s_last_run", "model_s_last_run", "resumed_from")}
 
@@ -180,7 +180,7 @@ def test_iter_predictions_skips_done_ids_and_is_a_plain_generator(summarizer, re
     spec = summarizer.generation_spec(GEN)
     batches = list(iter_predictions(summarizer, records, spec, skip_ids=skip))
     assert sorted(row["id"] for b in batches for row in b.rows) == [records[0].id, records[1].id]
-    assert all(b.outcome.memory is not None for b in batches)
+    assert all(b.model_call and b.peak_bytes > 0 for b in batches)  # each with its batch's memory peak
     assert list(iter_predictions(summarizer, records, spec, skip_ids={r.id for r in records})) == []
 
 
@@ -193,7 +193,7 @@ def test_bad_generation_options_are_refused_before_anything_is_written(summarize
 
 def test_compute_metrics_needs_every_record(summarizer, records):
     with pytest.raises(ValueError, match="no prediction"):
-        compute_metrics({}, records, summarizer=summarizer, generation={})
+        compute_metrics({}, records, model=summarizer, generation={})
 
 
 def test_store_reports_a_broken_line_with_its_number(tmp_path):
@@ -213,3 +213,35 @@ def test_jsonl_csv_and_parquet_inputs_give_the_same_records(rows, records, tmp_p
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "data.parquet")
     for name in ("data.jsonl", "data.csv", "data.parquet"):
         assert load_records(file=tmp_path / name) == records, name
+
+
+# ---- hostile input: the run folder's sink and the records' source --------------------------------
+
+
+def test_an_id_that_is_not_valid_text_is_stored_escaped_and_read_back(tmp_path):
+    store = JsonlPredictionStore(tmp_path / "predictions.jsonl")
+    rows = [{"id": "bad\ud800id", "prediction": "x\udfff", "error": None}, {"id": "plain", "prediction": "é"}]
+    store.append(rows)
+    assert store.load() == {row["id"]: row for row in rows}
+    assert (tmp_path / "predictions.jsonl").read_text(encoding="utf-8").count("\n") == 2
+
+
+def test_a_huge_torn_line_is_dropped_and_a_line_that_is_no_row_is_named(tmp_path):
+    path = tmp_path / "predictions.jsonl"
+    path.write_text('{"id": "a"}\n{"id": "b", "prediction": "' + "x" * 5_000_000)  # killed mid-write
+    assert list(JsonlPredictionStore(path).load()) == ["a"] and path.read_text() == '{"id": "a"}\n'
+    for line in ("[1, 2]", '"just a string"', '{"prediction": "no id"}'):
+        path.write_text('{"id": "a"}\n' + line + "\n")
+        with pytest.raises(ValueError, match="line 2 is not a prediction row"):
+            JsonlPredictionStore(path).load()
+
+
+def test_repeated_ids_and_texts_that_are_not_valid_text_get_one_row_each(summarizer, records, tmp_path):
+    hostile = [*records[:3], Record(records[0].id, "Another text under the same id.", None),
+               Record("bad", "half \ud800 a text", "fine")]
+    metrics = run_evaluation(summarizer, hostile, tmp_path, GEN, progress=False)
+    rows = {row["id"]: row for row in read_lines(tmp_path / "predictions.jsonl")}
+    assert sorted(rows) == sorted([*(r.id for r in records[:3]), "bad"])
+    assert rows["bad"]["error"].startswith("text: character 5 (U+D800) is a lone surrogate")
+    assert rows[records[0].id]["prediction"] == summarizer.summarize([records[0].text], **GEN).summaries[0]
+    assert (metrics["n_obs"], metrics["n_errors"]) == (4, 1)

@@ -1,0 +1,93 @@
+"""The one shape of a stored prediction row, and `RowBatch`: rows written together.
+
+A prediction row is ``{"id", "prediction", "reference", "rouge", "error", "input_tokens",
+"output_tokens", "truncated", "padding_computed", "padding_avoided", "seconds",
+"batch_peak_bytes"}``: ``seconds`` is the row's share of its batch's tokenize/generate/decode/
+score time, ``batch_peak_bytes`` the memory peak of its batch. A record without a summary (refused
+before the model, or failed by it) has the reason as its ``error``, an empty prediction and no
+ROUGE; once tokenized it keeps its token count. A baseline's rows have only ``id``,
+``prediction``, ``reference``, ``rouge``, ``error`` and ``seconds``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from bart_opt.data import Record
+from bart_opt.results import Encoded
+
+MODEL, FAILED, REFUSED = "model", "failed", "refused"  # the kinds of `RowBatch`
+
+
+def prediction_row(record: Record, summary: str, item: Mapping[str, Any], batch_peak_bytes: int,
+                   extra_seconds: float = 0.0) -> dict:
+    """The stored row of one record from its summary and its `SummaryResult.items` entry
+    (`extra_seconds`: work on it outside the batch, such as its share of tokenizing)."""
+    return {
+        "id": record.id,
+        "prediction": summary,
+        "reference": record.reference,
+        "rouge": item["rouge"],
+        "error": item["error"],
+        "input_tokens": item["input_tokens"],
+        "output_tokens": item["output_tokens"],
+        "truncated": item["truncated"],
+        "padding_computed": item["padding_computed"],
+        "padding_avoided": item["padding_avoided"],
+        "seconds": sum(item["timing"].values()) + extra_seconds,
+        "batch_peak_bytes": batch_peak_bytes,
+    }
+
+
+def refused_row(record: Record, reason: str, encoded: Encoded | None = None) -> dict:
+    """The stored row of a record without a summary: refused before the model (too long, not
+    valid text) or failed by it (`encoded`: its tokens, once tokenized). Left out of ROUGE."""
+    return {
+        "id": record.id, "prediction": "", "reference": record.reference, "rouge": None, "error": reason,
+        "input_tokens": len(encoded.ids) if encoded is not None else 0, "output_tokens": 0,
+        "truncated": encoded.truncated if encoded is not None else False, "padding_computed": 0,
+        "padding_avoided": 0, "seconds": 0.0, "batch_peak_bytes": 0,
+    }
+
+
+def baseline_row(record: Record, prediction: str, rouge: dict | None, seconds: float) -> dict:
+    """The stored row of a baseline's summary (a baseline has no tokens, padding or memory)."""
+    return {"id": record.id, "prediction": prediction, "reference": record.reference, "rouge": rouge,
+            "error": None, "seconds": seconds}
+
+
+@dataclass
+class RowBatch:
+    """Prediction rows stored together, and where they come from.
+
+    kind: `MODEL` (the rows of one model call), `FAILED` (one record the model failed on alone)
+        or `REFUSED` (records refused before the model).
+    positions: each row's record position in its source.
+    peak_bytes / seconds: the memory peak of the planned batch the call was in, and the call's
+        device seconds (`MODEL` only).
+    replica / started_at / finished_at: the Ray replica that ran it (``ip:pid``), when its call
+        began and when this batch ended (``time.time()`` there); None in one process.
+    """
+
+    rows: list[dict]
+    positions: list[int]
+    kind: str = MODEL
+    peak_bytes: int = 0
+    seconds: float = 0.0
+    replica: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+    @property
+    def model_call(self) -> bool:
+        """Whether the rows came out of a model call (a batch the store counts as one)."""
+        return self.kind == MODEL
+
+    def subset(self, keep: list[int]) -> RowBatch:
+        """The batch with only the rows at indexes `keep`."""
+        return replace(self, rows=[self.rows[k] for k in keep], positions=[self.positions[k] for k in keep])
+
+
+__all__ = ["FAILED", "MODEL", "REFUSED", "RowBatch", "baseline_row", "prediction_row", "refused_row"]

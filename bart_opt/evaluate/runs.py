@@ -1,0 +1,304 @@
+"""Run folders: what ``bart-opt evaluate`` writes, resumed where an earlier run left it.
+
+`run_evaluation(model, records, out_dir, ...)` is the command line's adapter over the evaluation
+core (`bart_opt.evaluate.core.evaluate_records`): the records in memory (`ListSource`), the run
+folder as the sink (`RunFolder`) and the model's executor (a `Summarizer` runs in this process; a
+`bart_opt.distributed.ReplicaPool` on a Ray cluster). The folder holds
+
+- ``predictions.jsonl``: one line per record (see `bart_opt.evaluate.rows`), appended and pushed
+  to disk per batch; rerunning skips ids already there, and a torn last line is dropped;
+- ``run.json``: the model's identity, its checkpoint's content fingerprint (`bart_opt.fingerprint`),
+  the generation settings and the dataset's fingerprint, all checked on resume (`start_run`: the
+  one place a run folder is matched to a model): a folder refilled with another checkpoint under
+  the same name is refused, never mixed;
+- ``metrics.json``: at the end (`bart_opt.evaluate.metrics`), with the baselines asked for.
+
+A record that fails even alone (out of memory, or the model failing on it) gets a row with an
+``error`` and an empty prediction; it is not retried on resume and is left out of ROUGE.
+`run_baseline_evaluation` writes the same folder for a baseline (``--model lead-3``).
+
+A run holds the folder's `bart_opt.runlock.RunLock` from start to end: a second run on the
+same folder fails at once naming the first one's pid. Predictions with no run.json beside them
+(written by something else) are refused rather than resumed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from bart_opt.baselines import check_baselines
+from bart_opt.data import Record
+from bart_opt.evaluate.core import Executor, ListSource, SummarizerExecutor, evaluate_records
+from bart_opt.evaluate.metrics import RowTotals, baseline_rows, compute_metrics, score_baselines
+from bart_opt.evaluate.rows import RowBatch
+from bart_opt.rouge import RougeScorer
+from bart_opt.runlock import RunLock
+from bart_opt.spec import GenerationSpec
+from bart_opt.summarizer import Summarizer
+
+PREDICTIONS_FILE = "predictions.jsonl"
+METRICS_FILE = "metrics.json"
+RUN_FILE = "run.json"
+
+
+def dataset_fingerprint(records: Iterable[Record], *, prefix: int | None = None) -> tuple[str, int, str | None]:
+    """A digest of the records' ids, texts and references in order, their count, and the
+    digest of the first `prefix` of them (None unless there are at least that many).
+
+    Computed as the records stream by: two sequences with the same fingerprint give the same
+    examples to evaluate, and a run over the first N records of a dataset is recognised as
+    part of a longer run over it (a rerun with a larger ``--limit``).
+    """
+    digest = hashlib.sha256()
+    count = 0
+    at_prefix = None
+    for record in records:
+        line = json.dumps([record.id, record.text, record.reference], ensure_ascii=False)
+        digest.update(line.encode("utf-8", "surrogatepass") + b"\n")  # a text that is not valid Unicode too
+        count += 1
+        if count == prefix:
+            at_prefix = f"sha256:{digest.hexdigest()}"
+    return f"sha256:{digest.hexdigest()}", count, at_prefix
+
+
+class JsonlPredictionStore:
+    """Prediction rows in a JSON-lines file, appended one batch at a time.
+
+    Only newline-terminated lines count: `load` drops a torn last line (a run killed
+    mid-write) by truncating the file to the last complete line, so appends stay valid.
+    A broken line elsewhere is an error naming its line number.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def load(self) -> dict[str, dict]:
+        """Rows already written, by id; repairs a torn last line."""
+        if not self.path.exists():
+            return {}
+        data = self.path.read_bytes()
+        complete = data.rfind(b"\n") + 1
+        if complete < len(data):
+            with self.path.open("r+b") as f:
+                f.truncate(complete)
+        rows: dict[str, dict] = {}
+        for number, line in enumerate(data[:complete].splitlines(), start=1):
+            if line.strip():
+                row = parse_row(line, self.path, number)
+                rows[str(row["id"])] = row
+        return rows
+
+    def append(self, rows: Sequence[dict]) -> None:
+        """Append rows and push them to disk before returning."""
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write("".join(_line(row) for row in rows))
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class RunFolder:
+    """The sink of a run folder: rows appended to ``predictions.jsonl`` a batch at a time (see the
+    module docstring). `done` holds the ids stored before; `on_write(rows)` runs after each batch
+    is on disk (raising from it stops the run, leaving a resumable folder)."""
+
+    def __init__(self, out: Path, on_write: Callable[[list[dict]], None] = lambda rows: None):
+        self.store = JsonlPredictionStore(out / PREDICTIONS_FILE)
+        self.rows = self.store.load()
+        self.done = self.rows.keys()
+        self.on_write = on_write
+
+    def write(self, batch: RowBatch) -> None:
+        self.store.append(batch.rows)
+        self.rows.update((row["id"], row) for row in batch.rows)
+        self.on_write(batch.rows)
+
+
+def parse_row(line: str | bytes, path: str | Path, number: int) -> dict:
+    """The prediction row on line `number` of `path`; ValueError naming them when it is not one."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
+    if not isinstance(row, dict) or "id" not in row:
+        raise ValueError(f"{path}: line {number} is not a prediction row (no 'id')")
+    return row
+
+
+def _line(row: Mapping[str, Any]) -> str:
+    """`row` as one JSON line: UTF-8 as is, or escaped where a value is not valid text (a lone
+    surrogate in an id, which JSON can carry but UTF-8 cannot)."""
+    line = json.dumps(row, ensure_ascii=False)
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        line = json.dumps(row)
+    return line + "\n"
+
+
+def run_evaluation(
+    model: Summarizer | Executor,
+    records: Sequence[Record],
+    out_dir: str | Path,
+    generation_kwargs: Mapping[str, Any] | None = None,
+    progress: bool = True,
+    *,
+    on_batch: Callable[[list[dict]], None] | None = None,
+    source: str | None = None,
+    overwrite: bool = False,
+    baselines: Sequence[str] = (),
+) -> dict:
+    """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
+
+    `model` is a `Summarizer` (run in this process) or an executor such as
+    `bart_opt.distributed.ReplicaPool`. Writes predictions.jsonl as it goes, then metrics.json;
+    returns the metrics. `progress` shows a tqdm bar on stderr. `on_batch(rows)` runs after each
+    batch is on disk (a hook for callers and tests; raising from it stops the run, leaving a
+    resumable directory). `source` names the dataset in run.json and in messages. `overwrite`
+    deletes an earlier run in `out_dir` and starts over. `baselines` (e.g. ``["lead-3"]``, see
+    `bart_opt.baselines`) are scored on the same records with the same scorer and reported under
+    ``metrics["baselines"][name]``. Raises `InvalidRequest` for bad generation options and
+    `UnknownBaselineError` for an unknown baseline (both before anything is written),
+    `bart_opt.evaluate.core.FailureStreak` when the model fails on record after record, and
+    ValueError when `out_dir` holds a run made with another model, another checkpoint (by content),
+    other generation settings or another dataset (ids, texts and references are fingerprinted), or
+    predictions without a run.json; `bart_opt.runlock.RunFolderBusy` (a ValueError) when another run
+    holds the folder.
+    """
+    baselines = check_baselines(baselines)
+    executor = SummarizerExecutor(model) if isinstance(model, Summarizer) else model
+    spec = executor.generation_spec(generation_kwargs)
+    out = Path(out_dir)
+    with RunLock(out):
+        run = {**executor.identity(), "fingerprint": executor.fingerprint, "generation": spec.to_dict()}
+        start_run(out, run, records, source, overwrite=overwrite)
+        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines)
+
+
+def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spec: GenerationSpec, progress: bool,
+                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str]) -> dict:
+    """`run_evaluation`'s work once the folder is locked and matched to the run."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    with tqdm(total=len(records), unit="doc", desc="evaluate", disable=not progress) as bar:
+        def written(rows: list[dict]) -> None:
+            bar.update(len(rows))
+            if on_batch is not None:
+                on_batch(rows)
+
+        folder = RunFolder(out, written)
+        done = len({record.id for record in records} & folder.done)
+        bar.update(done)
+        report = evaluate_records(ListSource(records), folder, executor, spec)
+    metrics = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict())
+    metrics["wall_s_last_run"] = time.perf_counter() - start
+    # Inside this process's model calls; the rest of the wall time is tokenizing, decoding, ROUGE and I/O.
+    metrics["model_s_last_run"] = report.model_seconds if executor.in_process else None
+    metrics["resumed_from"] = done
+    if baselines:
+        metrics["baselines"] = score_baselines(baselines, records, executor.model.scorer)
+    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    return metrics
+
+
+def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str | Path,
+                            scorer: RougeScorer | None = None, *, source: str | None = None,
+                            overwrite: bool = False) -> dict:
+    """Evaluate baseline `name` into `out_dir` as `run_evaluation` does a model.
+
+    Writes run.json (model `name`, no generation settings, ``"baseline": true`` and the dataset's
+    fingerprint, checked against an earlier run there as for a model), predictions.jsonl
+    (rewritten whole: a baseline takes milliseconds, so there is nothing to resume) and
+    metrics.json; returns the metrics. `source` and `overwrite` are run_evaluation's. Raises
+    ValueError when `out_dir` holds another run (another model, baseline or dataset).
+    """
+    (name,) = check_baselines([name])
+    scorer = scorer or RougeScorer()
+    out = Path(out_dir)
+    with RunLock(out):
+        start_run(out, {"model": name, "generation": None, "baseline": True}, records, source, overwrite=overwrite)
+        start = time.perf_counter()
+        rows = list(baseline_rows(name, records, scorer))
+        (out / PREDICTIONS_FILE).write_text("".join(_line(row) for row in rows), encoding="utf-8")
+        metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
+        metrics["wall_s_last_run"] = time.perf_counter() - start
+        metrics["resumed_from"] = 0
+        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        return metrics
+
+
+def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> None:
+    """Make `out` ready for `run` (its ``model`` and ``generation``) on `records`, before anything is written.
+
+    `overwrite` first deletes an earlier run's files there; otherwise an earlier run must match
+    (see `_check_run_file`), and predictions without a run.json are refused. Records the run, with
+    its dataset's fingerprint, in run.json. The caller holds the folder's `RunLock`.
+    """
+    if overwrite:
+        for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
+            (out / name).unlink(missing_ok=True)
+    predictions = out / PREDICTIONS_FILE
+    if not (out / RUN_FILE).exists() and predictions.exists() and predictions.stat().st_size > 0:
+        raise ValueError(f"{out} holds {PREDICTIONS_FILE} but no {RUN_FILE}, so nothing says which model, checkpoint "
+                         "or dataset made those predictions and they are not resumed; use another output directory, "
+                         "or --overwrite to start over")
+    _check_run_file(out / RUN_FILE, run, records, source)
+
+
+def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> None:
+    """Check the run's model, settings and dataset against an earlier run's in `path`, then record them.
+
+    The dataset may grow (the earlier run's records must be its start: a rerun with a larger
+    ``--limit``); anything else that differs is refused before anything is written.
+    """
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    where = path.parent
+    before = earlier.get("dataset") if earlier is not None else None
+    fingerprint, count, prefix = dataset_fingerprint(records, prefix=before.get("records") if before else None)
+    dataset = {"source": source, "records": count, "fingerprint": fingerprint}
+    current = {**json.loads(json.dumps(run)), "dataset": dataset}
+    if earlier is not None:
+        settings = {key: current[key] for key in ("model", "generation")}
+        earlier_settings = {key: earlier.get(key) for key in settings}
+        if earlier_settings != settings:
+            raise ValueError(
+                f"{where} holds a run with other settings ({json.dumps(earlier_settings)}), not "
+                f"{json.dumps(settings)}; use another output directory, or --overwrite to start over"
+            )
+        _check_checkpoint(where, earlier, current)
+        if before is None:
+            raise ValueError(f"{where} holds a run that does not record its dataset, so resuming it could mix two "
+                             "datasets; use another output directory, or --overwrite to start over")
+        if prefix != before.get("fingerprint"):
+            shorter = " (fewer records than it evaluated)" if prefix is None else ""
+            raise ValueError(
+                f"{where} holds a run on another dataset ({_describe(before)}), not this one ({_describe(dataset)})"
+                f"{shorter}; rerun with that dataset to resume, use another output directory, or --overwrite to "
+                "start over"
+            )
+    where.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+
+
+def _check_checkpoint(where: Path, earlier: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuse to resume a model's run on a checkpoint with other contents than the one it was made with."""
+    if "fingerprint" not in current or earlier.get("fingerprint") == current["fingerprint"]:
+        return
+    if earlier.get("fingerprint") is None:
+        raise ValueError(f"{where} holds a run that does not record its checkpoint's fingerprint, so resuming it "
+                         f"with checkpoint {current['fingerprint']} could mix two checkpoints; use another output "
+                         "directory, or --overwrite to start over")
+    raise ValueError(f"{where} holds a run made with checkpoint {earlier['fingerprint']}, but the checkpoint loaded "
+                     f"now is {current['fingerprint']} (same name, other contents); resuming would mix two "
+                     "checkpoints: use another output directory, or --overwrite to start over")
+
+
+def _describe(dataset: Mapping[str, Any]) -> str:
+    source = f"{dataset['source']}, " if dataset.get("source") else ""
+    return f"{source}{dataset.get('records')} records, {str(dataset.get('fingerprint'))[:19]}"

@@ -1,0 +1,104 @@
+"""`EngineOptions`: one owner of the engine options, the flags made from its fields, one resolution of 'auto'."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+import torch
+
+from bart_opt import InvalidRequest
+from bart_opt.options import EngineOptions, add_cli_args, from_cli_args, option
+from bart_opt.summarizer import Summarizer
+
+
+@dataclasses.dataclass(frozen=True)
+class WithQuantize(EngineOptions):
+    """EngineOptions with one more engine option, as the lead adds one: a single line."""
+
+    quantize: str | None = option(None, "weights in int8", engine=True, choices=("int8",))
+
+
+def parse(argv: list[str], options: type[EngineOptions] = EngineOptions) -> EngineOptions:
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser, options)
+    return from_cli_args(parser.parse_args(argv), options)
+
+
+def test_every_field_is_a_flag_and_unset_flags_keep_the_defaults():
+    assert parse(["--model", "m"]) == EngineOptions(model="m")
+    got = parse(["--model", "m", "--device", "cpu", "--dtype", "bfloat16", "--exact", "--max-batch-tokens", "8",
+                 "--max-batch-size", "2", "--max-beams", "3", "--torch-threads", "1", "--no-memory-count"])
+    assert got == EngineOptions(model="m", device="cpu", dtype="bfloat16", exact=True, max_batch_tokens=8,
+                                max_batch_size=2, max_beams=3, torch_threads=1, count_cpu_tensors=False)
+    assert parse(["--model", "m", "--fast"]).fast is True
+
+
+def test_exact_and_fast_exclude_each_other_and_the_model_is_required(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--model", "m", "--exact", "--fast"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse([])
+
+
+def test_a_new_field_is_one_line_a_flag_and_an_engine_argument(capsys):
+    assert parse(["--model", "m", "--static", "--quantize", "int8"], WithQuantize) == WithQuantize(
+        model="m", static=True, quantize="int8")
+    assert parse(["--model", "m"], WithQuantize).quantize is None
+    assert WithQuantize(model="m", static=True, fast=True).engine_kwargs() == {"exact": False, "fast": True,
+                                                                               "static": True, "quantize": None}
+    with pytest.raises(SystemExit):
+        parse(["--model", "m", "--quantize", "int4"], WithQuantize)
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    with pytest.raises(InvalidRequest, match="quantize: must be one of int8, got 'int4'"):
+        WithQuantize(quantize="int4")
+
+
+@pytest.mark.parametrize(("field", "value"), [("device", "gpu"), ("device", "cpu:1"), ("device", "cuda:x"),
+                                              ("dtype", "int8"), ("max_batch_tokens", 0), ("max_batch_size", -1),
+                                              ("max_beams", True), ("torch_threads", 0)])
+def test_bad_values_name_their_field(field, value):
+    with pytest.raises(InvalidRequest) as caught:
+        EngineOptions(**{field: value})
+    assert caught.value.field == field
+    with pytest.raises(SystemExit if isinstance(value, bool) else InvalidRequest):
+        parse(["--model", "m", f"--{field.replace('_', '-')}", str(value)])
+
+
+def test_auto_is_resolved_in_one_place():
+    cpu = torch.device("cpu")
+    assert EngineOptions(device="cpu").torch_device() == cpu
+    assert EngineOptions().torch_dtype(cpu) is torch.float32
+    assert EngineOptions().torch_dtype(torch.device("cuda")) is torch.float16
+    assert EngineOptions(dtype="bf16").torch_dtype(torch.device("cuda")) is torch.bfloat16
+    if not torch.cuda.is_available():
+        assert EngineOptions().torch_device() == cpu
+        with pytest.raises(ValueError, match="CUDA is not available here"):
+            EngineOptions(device="cuda:0").torch_device()
+
+
+def test_portable_gives_a_local_folder_by_its_absolute_path(tmp_path, monkeypatch):
+    (tmp_path / "ckpt").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert EngineOptions(model="ckpt").portable().model == str(tmp_path / "ckpt")
+    assert EngineOptions(model="facebook/bart-large-cnn").portable().model == "facebook/bart-large-cnn"
+
+
+def test_the_summarizer_loads_what_the_options_say(demo_checkpoint):
+    summarizer = Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu", exact=True,
+                                                       max_batch_size=3, max_beams=2, count_cpu_tensors=False))
+    assert (summarizer.name, summarizer.max_batch_size, summarizer.max_beams) == (demo_checkpoint, 3, 2)
+    assert summarizer.model.exact and not summarizer.count_cpu_tensors and summarizer.device.type == "cpu"
+    assert summarizer.max_batch_tokens == EngineOptions.max_batch_tokens
+
+
+def test_static_is_a_flag_and_a_keyword_of_the_model(demo_checkpoint):
+    assert parse(["--model", "m"]).static is False
+    assert parse(["--model", "m", "--static", "--fast"]).engine_kwargs() == {"exact": False, "fast": True,
+                                                                             "static": True}
+    assert Summarizer.from_pretrained(demo_checkpoint, device="cpu", static=True).model.static is True
+    assert Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu")).model.static is False
+    with pytest.raises(ValueError, match="static and exact exclude each other"):
+        Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, static=True)

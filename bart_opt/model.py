@@ -55,6 +55,7 @@ from bart_opt.cross_attention import (
     SharedCrossAttention,
     StaticCrossAttention,
 )
+from bart_opt.el_attention import BatchedELCrossAttention, SharedELCrossAttention, excludes_exact
 from bart_opt.generation import Cancelled, generate
 from bart_opt.static_generation import generate_static
 from bart_opt.inputs import check_inputs, shift_right
@@ -68,7 +69,8 @@ from bart_opt.spec import GenerationSpec
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
 FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
 LOGITS_CHUNK = 2048  # vocabulary rows per product in exact mode's logits (see `Bart.logits`)
-_EXCLUDES = {"exact": ("fast", "static"), "fast": ("exact",), "static": ("exact",)}  # modes that cannot be on together
+_EXCLUDES = {"exact": ("fast", "static", "el_attention"), "fast": ("exact",), "static": ("exact",),
+             "el_attention": ("exact",)}  # modes that cannot be on together
 
 
 class Attention(nn.Module):
@@ -236,8 +238,9 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, packing: Packing) -> torch.Tensor:
         """(N, D) packed rows of the batch described by `packing` -> (N, D)."""
-        h = self.self_attn.packed(x, packing)
-        x = self.self_attn_layer_norm(h.add_(x))
+        # The attention output is freed once normed, not held through the feed-forward block (the
+        # encoder's peak: 160 -> 142 MiB at bart-large shape, 6 x 1,024 tokens, float32).
+        x = self.self_attn_layer_norm(self.self_attn.packed(x, packing).add_(x))
         h = feed_forward(x, self.fc1, self.fc2, self.act, chunked=not self.exact)
         return _clamp_fp16(self.final_layer_norm(h.add_(x)))
 
@@ -315,13 +318,16 @@ class Bart(LoggingMixin, nn.Module):
     """BART for conditional generation: `forward` gives logits, `generate` gives token ids.
 
     Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=..., static=...,
+    el_attention=...,
     quantize=...)`.
     `exact` (settable between calls) shapes the arithmetic as transformers shapes it; `fast` (settable
     too) takes the kernels that are faster in half precision at the price of other ids; at most one
     of the two is on. `static` (settable, not with `exact`) generates with fixed shapes and no host
-    syncs between checks, in CUDA graphs on CUDA (`bart_opt.static_generation`). See
-    `from_pretrained` and `bart_opt.cross_attention`. `quantize="int8"` (at load only) runs the linear
-    layers on int8 weights (`bart_opt.quantize`).
+    syncs between checks, in CUDA graphs on CUDA (`bart_opt.static_generation`). `el_attention`
+    (settable, not with `exact`; with any of the others) keeps generate's cross-attention state as one
+    copy of the encoder output (`bart_opt.el_attention`). See `from_pretrained` and
+    `bart_opt.cross_attention`. `quantize="int8"` (at load only) runs the linear layers on int8 weights
+    (`bart_opt.quantize`).
     `fingerprint` is the `bart_opt.fingerprint.Fingerprint` of the files `from_pretrained` read
     (None for a model built otherwise).
     """
@@ -329,7 +335,7 @@ class Bart(LoggingMixin, nn.Module):
     fingerprint = None
 
     def __init__(self, config: BartConfig, generation_config: GenerationConfig | None = None, exact: bool = False,
-                 fast: bool = False, static: bool = False):
+                 fast: bool = False, static: bool = False, el_attention: bool = False):
         super().__init__()
         validate_config(config)
         self.config = config
@@ -341,8 +347,8 @@ class Bart(LoggingMixin, nn.Module):
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.quantize: str | None = None  # "int8" once `bart_opt.quantize` quantized it (at load)
         self.vocab_int8 = None  # the tied embedding quantized (`bart_opt.quantize.Int8Vocabulary`): `shared` is gone
-        self._exact = self._fast = self._static = False
-        self.exact, self.fast, self.static = exact, fast, static
+        self._exact = self._fast = self._static = self._el_attention = False
+        self.exact, self.fast, self.static, self.el_attention = exact, fast, static, el_attention
         # Loading (`load_state_dict(assign=True)`) replaces the fused projections' parameters: fuse again.
         self.register_load_state_dict_post_hook(lambda module, _: module.fuse_projections())
 
@@ -377,6 +383,15 @@ class Bart(LoggingMixin, nn.Module):
         self._set_mode("fast", bool(value))
 
     @property
+    def el_attention(self) -> bool:
+        """Whether `generate` runs cross-attention as EL-attention (`bart_opt.el_attention`); not with `exact`."""
+        return self._el_attention
+
+    @el_attention.setter
+    def el_attention(self, value: bool) -> None:
+        self._set_mode("el_attention", bool(value))
+
+    @property
     def static(self) -> bool:
         """Whether `generate` runs the static search: fixed shapes, no host syncs between its checks,
         a CUDA graph per row bucket on CUDA (`bart_opt.static_generation`, `bart_opt.graphs`)."""
@@ -401,11 +416,14 @@ class Bart(LoggingMixin, nn.Module):
             self._set_mode(value, True)
 
     def _set_mode(self, name: str, value: bool) -> None:
-        """Set `exact`, `fast` or `static` here and on every module that follows it; exact excludes the other two."""
+        """Set `exact`, `fast`, `static` or `el_attention` here and on every module that follows it; exact
+        excludes the other three."""
         if value and name == "exact":
             check_quantize(self.quantize, self.device, exact=True)  # an int8 model refuses exact mode
         for other in _EXCLUDES[name]:
             if value and getattr(self, other):
+                if "el_attention" in (name, other):
+                    raise excludes_exact()
                 raise ValueError(f"{name} and {other} exclude each other: {other} is on")
         setattr(self, f"_{name}", value)
         for module in self.modules():
@@ -423,6 +441,7 @@ class Bart(LoggingMixin, nn.Module):
         exact: bool = False,
         fast: bool = False,
         static: bool = False,
+        el_attention: bool = False,
         quantize: str | None = None,
     ) -> Bart:
         """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache).
@@ -458,11 +477,16 @@ class Bart(LoggingMixin, nn.Module):
         batch, padded keys masked), so its ids are the default's there, up to near-ties resolved
         differently (docs/gpu.md publishes how often). `fast` changes nothing in it: the fast
         mode's own kernels read layouts the static search does not use.
+
+        `el_attention=True` (with the default, `fast` or `static`, not with `exact`): `generate` keeps one
+        copy of the encoder output per input as the whole cross-attention state, for every layer and beam
+        (`bart_opt.el_attention`). Less memory; on a CPU slower; other ids in the last bits, as the
+        default's are (`python -m bart_opt.bench.fidelity --modes default,el`; docs/el-attention.md).
         """
         check_quantize(quantize, torch.device(device), exact)
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype, quantize=quantize)
         model.exact, model.fast = exact, fast
-        model.static = static
+        model.static, model.el_attention = static, el_attention
         return model
 
     @property
@@ -526,10 +550,15 @@ class Bart(LoggingMixin, nn.Module):
 
         Every layer's keys/values are computed now, once per input; `lazy` computes each when
         its layer runs instead (a single teacher-forced pass needs only one layer's at a time).
+        With `el_attention` (not `lazy`: a teacher-forced pass keeps the layers' own keys/values) the
+        state is the encoder output itself (`bart_opt.el_attention`).
         """
         attns = [layer.encoder_attn for layer in self.decoder.layers]
         if self.exact:
             build = ExactCrossAttention.build
+        elif self.el_attention and not lazy:
+            build = (functools.partial(SharedELCrossAttention.build, fast=self.fast)
+                     if attends_per_input(memory.device) and not self.static else BatchedELCrossAttention.build)
         elif self.static:
             build = StaticCrossAttention.build
         elif not attends_per_input(memory.device):

@@ -70,6 +70,9 @@ class EngineOptions:
     static: bool = option(False, "static search: fixed shapes, no host syncs between its done-checks, a CUDA graph "
                                  "per decoder step on CUDA; the default's ids up to near-ties (not with --exact)",
                           engine=True)
+    el_attention: bool = option(False, "EL-attention: cross-attention keeps one copy of the encoder output for every "
+                                       "layer and beam (the least memory; slower on a CPU); the default's ids up to "
+                                       "near-ties (not with --exact)", engine=True)
     max_batch_tokens: int = option(32768, "token budget of one model call: longest input x texts x beams",
                                    service=16384)  # the seed's 8 inputs x 1024 tokens x 4 beams
     max_batch_size: int = option(64, "most texts in one model call", service=32)

@@ -14,7 +14,8 @@ without waiting, and on CUDA each step is one CUDA graph replay (`bart_opt.graph
   length-penalty divisors (a table made once per call);
 * the self-attention cache has a fixed length and a history table instead of moved rows
   (`bart_opt.cache.StaticKVCache`); cross-attention is one call for the batch with an additive
-  mask made once (`bart_opt.cross_attention.StaticCrossAttention`);
+  mask made once (`bart_opt.cross_attention.StaticCrossAttention`; with EL-attention one call over
+  the single copy of the encoder output, `bart_opt.el_attention.BatchedELCrossAttention`);
 * the n-gram ban is a dense scatter (`bart_opt.processors.ban_repeated_ngrams_dense`);
 * whether every input is done is read every `CHECK_EVERY` steps, once EOS is allowed.
 
@@ -303,7 +304,7 @@ def generate_static(model, input_ids, attention_mask=None, spec: GenerationSpec 
     spec, ids, mask = prepare(model, input_ids, attention_mask, spec, kwargs)
     memory = model.encode(ids, mask)
     cross = model.cross_attention(memory, mask, beams=spec.num_beams)
-    del memory  # only the per-layer keys/values are needed from here on
+    del memory  # only the cross-attention state is needed from here on (with EL-attention, a view of it)
     batch = ids.shape[0]
     search = (GreedySearch if spec.num_beams == 1 else BeamSearch)(model, batch, cross, spec)
     graphs = StepGraphs(search.step, model.device)

@@ -11,11 +11,12 @@ keeps what it finished):
 2. throughput: bart-large shape, fp16, random weights (EOS logit raised by 1.5, so that summaries
    end at varied lengths), inputs of uneven length padded to 1,024 tokens, CNN settings, at 48 and
    128 inputs: transformers, bart_opt's default, `static` (its graph replays under
-   `torch.cuda.set_sync_debug_mode("error")`: a host sync inside a replay fails the engine), and
-   EL-attention and EL + static where `Bart.from_pretrained` takes `el_attention=True`; one
-   memory run, then the best of the timed runs; docs/s, peak memory above the weights, and how
-   many outputs equal transformers'. Then, while time is left, bart_opt's modes at larger
-   batches until one does not fit;
+   `torch.cuda.set_sync_debug_mode("error")`: a host sync inside a replay fails the engine),
+   EL-attention (`el_attention=True`) and EL-attention with `static`; one memory run, then the
+   best of the timed runs; docs/s, peak memory above the weights, and how many outputs equal
+   transformers'. Then, while time is left, the largest batch of each bart_opt mode (`probe`):
+   the batch its peaks at the plan's two batch sizes predict fills the device's free memory
+   (less a margin), run once (the memory run, timed); where it does not fit, 0.8x of it, twice at most;
 3. profiles: one generate of each bart_opt mode at 48 inputs under torch.profiler: host launch
    calls, kernels run, GPU-busy seconds, the top kernels (`bart_opt.bench.profiling`);
 4. the CUDA-only tests (`pytest -k cuda` over the files that hold them; log in `tests.log`);
@@ -30,12 +31,12 @@ timeouts of their own.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import subprocess
 import sys
 import tempfile
 import time
+import dataclasses
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -43,10 +44,12 @@ import torch
 
 from bart_opt.bench.fidelity import strip
 from bart_opt.bench.profiling import profile_call
-from bart_opt.bench.vs_transformers import make_batch, memory_run, set_mode, timed, weights_bytes
+from bart_opt.bench.vs_transformers import EL_ENGINE, make_batch, memory_run, set_mode, timed, weights_bytes
 from bart_opt.bench.workloads import CNN_SETTINGS, SIZES, build_random_checkpoint
 from bart_opt.graphs import strict_replays
 
+MODES = ("bart_opt", "bart_opt_static", EL_ENGINE, "bart_opt_el_static")  # bart_opt's engines, as `set_mode` names them
+PROBE_ORDER = ("bart_opt", EL_ENGINE, "bart_opt_static", "bart_opt_el_static")  # the issue's two first
 CUDA_TEST_FILES = ("tests/bart_opt/test_graphs.py", "tests/bart_opt/test_memory.py")
 PARTS = ("ceilings", "throughput", "profiles", "tests", "check")
 EOS_BIAS = 1.5
@@ -59,7 +62,8 @@ class Plan:
     size: str
     dtype: str
     batches: tuple[int, ...]
-    larger: tuple[int, ...]  # tried while time is left, bart_opt's modes only
+    probe_cap: int  # the largest batch a probe tries (bounds its time)
+    probe_bytes: int | None  # memory a probe may fill: None for the device's free memory (CUDA)
     max_len: int
     copy_bytes: int
     matmul_n: int
@@ -70,10 +74,11 @@ class Plan:
     @staticmethod
     def for_run(device: torch.device, size: str) -> Plan:
         if device.type == "cuda":
-            return Plan(size=size, dtype="float16", batches=(48, 128), larger=(256, 384, 512), max_len=1024,
+            return Plan(size=size, dtype="float16", batches=(48, 128), probe_cap=2048, probe_bytes=None, max_len=1024,
                         copy_bytes=2 * 10**9, matmul_n=8192, matmul_dtype="float16", repeats=1,
                         settings=dict(CNN_SETTINGS))
-        return Plan(size=size, dtype="float32", batches=(2,), larger=(3,), max_len=24, copy_bytes=16 * 2**20,
+        return Plan(size=size, dtype="float32", batches=(1, 2), probe_cap=4, probe_bytes=2**30, max_len=24,
+                    copy_bytes=16 * 2**20,
                     matmul_n=256, matmul_dtype="float32", repeats=1,
                     settings={**CNN_SETTINGS, "min_length": 4, "max_length": 14})
 
@@ -101,26 +106,19 @@ def ceilings(device: torch.device, plan: Plan) -> dict:
 
 
 def load(folder: str, device: torch.device, dtype: torch.dtype) -> dict:
-    """transformers' model and bart_opt's (one per cross-attention kind: default, EL-attention where there is one)."""
+    """transformers' model and bart_opt's (one model for all of its modes: `set_mode` switches them)."""
     from transformers import BartForConditionalGeneration
 
     from bart_opt import Bart
 
-    models = {"transformers": BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval(),
-              "bart_opt": Bart.from_pretrained(folder, device=device, dtype=dtype)}
-    if "el_attention" in inspect.signature(Bart.from_pretrained).parameters:
-        models["bart_opt_el"] = Bart.from_pretrained(folder, device=device, dtype=dtype, el_attention=True)
-    return models
+    return {"transformers": BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval(),
+            "bart_opt": Bart.from_pretrained(folder, device=device, dtype=dtype)}
 
 
 def engines(models: dict) -> dict[str, tuple]:
-    """Engine name -> (model, bart_opt mode engine name for `set_mode`, or None for transformers)."""
-    out = {"transformers": (models["transformers"], None), "bart_opt": (models["bart_opt"], "bart_opt"),
-           "bart_opt_static": (models["bart_opt"], "bart_opt_static")}
-    if "bart_opt_el" in models:
-        out["bart_opt_el"] = (models["bart_opt_el"], "bart_opt")
-        out["bart_opt_el_static"] = (models["bart_opt_el"], "bart_opt_static")
-    return out
+    """Engine name -> (model, its `set_mode` engine name, or None for transformers)."""
+    return {"transformers": (models["transformers"], None),
+            **{mode: (models["bart_opt"], mode) for mode in MODES}}
 
 
 def generate_call(model, mode: str | None, batch: dict, settings: dict):
@@ -132,7 +130,7 @@ def generate_call(model, mode: str | None, batch: dict, settings: dict):
             if mode is None:
                 return model.generate(input_ids=ids, attention_mask=mask, **settings)
             set_mode(model, mode)
-            if mode == "bart_opt_static":
+            if model.static:
                 with strict_replays():
                     return model.generate(ids, mask, **settings)
             return model.generate(ids, mask, **settings)
@@ -161,7 +159,7 @@ def throughput(name: str, model, mode: str | None, batch: dict, device: torch.de
 
 
 def run_throughput(models: dict, device: torch.device, plan: Plan, deadline: float) -> list[dict]:
-    """Every engine at every batch of the plan, then bart_opt's modes at larger batches while time is left."""
+    """Every engine at every batch of the plan, then each bart_opt mode's largest batch while time is left."""
     cfg = models["bart_opt"].config
     results = []
     for inputs in plan.batches:
@@ -173,18 +171,55 @@ def run_throughput(models: dict, device: torch.device, plan: Plan, deadline: flo
             if name == "transformers" and "outputs" in row:
                 reference = row["outputs"]
             results.append(row)
-    for inputs in plan.larger:
-        if time.monotonic() > deadline:
-            break
-        batch = make_batch(cfg, inputs, plan.max_len, device, seed=0)
-        rows = [throughput(name, model, mode, batch, device, plan, None)
-                for name, (model, mode) in engines(models).items() if mode is not None]
-        results += rows
-        if any("error" in r for r in rows):
-            break
+        del batch
+    for name in PROBE_ORDER:
+        results += probe(name, models["bart_opt"], results, device, plan, deadline)
     for row in results:
         row.pop("outputs", None)
     return results
+
+
+def predicted_batch(rows: list[dict], free_bytes: int, plan: Plan) -> int | None:
+    """The batch whose peak, on the line through `rows`' peaks (one mode at the plan's batches), fills
+    90% of `free_bytes`, at most `plan.probe_cap` (from 64 up rounded down to a multiple of 8), or None
+    when it is no larger than the plan's largest batch or a row failed."""
+    if len(rows) < 2 or any("error" in r for r in rows):
+        return None
+    (n0, p0), (n1, p1) = [(r["inputs"], r["peak_bytes"]) for r in rows[-2:]]
+    per_input = (p1 - p0) / (n1 - n0)
+    if per_input <= 0:
+        return plan.probe_cap
+    inputs = min(plan.probe_cap, n1 + int((0.9 * free_bytes - p1) / per_input))
+    if inputs >= 64:
+        inputs -= inputs % 8
+    return inputs if inputs > n1 else None
+
+
+def probe(name: str, model, results: list[dict], device: torch.device, plan: Plan, deadline: float) -> list[dict]:
+    """Mode `name`'s largest batch: the predicted one (`predicted_batch`), then 0.8x of the last that failed,
+    twice at most, while time is left. Rows marked "probe"; the one that ran, "largest"."""
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = plan.probe_bytes
+    inputs = predicted_batch([r for r in results if r["engine"] == name], free, plan)
+    rows = []
+    for _ in range(3):
+        if inputs is None or inputs <= plan.batches[-1] or time.monotonic() > deadline:
+            break
+        _progress(f"probe: {name} at {inputs} inputs")
+        batch = make_batch(model.config, inputs, plan.max_len, device, seed=0)
+        # One run (the memory run, timed): at the largest batches a second run would double the probe's time.
+        row = {**throughput(name, model, name, batch, device, dataclasses.replace(plan, repeats=0), None),
+               "probe": True}
+        del batch
+        rows.append(row)
+        if "error" not in row:
+            row["largest"] = True
+            break
+        inputs = int(inputs * 0.8)
+    return rows
 
 
 def run_profiles(models: dict, device: torch.device, plan: Plan) -> dict:
@@ -235,13 +270,14 @@ def format_report(report: dict) -> str:
                   "| inputs | engine | seconds | docs/s | peak above weights | same as transformers | first call s |",
                   "|---:|---|---:|---:|---:|---:|---:|"]
         for r in report["throughput"]:
+            engine = r["engine"] + (" (largest)" if r.get("largest") else " (probe)" if r.get("probe") else "")
             if "error" in r:
-                lines.append(f"| {r['inputs']} | {r['engine']} | **{r['error']}** | | | | |")
+                lines.append(f"| {r['inputs']} | {engine} | **{r['error']}** | | | | |")
                 continue
             same = f"{r['same_as_transformers']}/{r['inputs']}" if "same_as_transformers" in r else "-"
-            lines.append(f"| {r['inputs']} | {r['engine']} | {r['seconds']:.3f} | {r['docs_per_s']:.1f} | "
+            lines.append(f"| {r['inputs']} | {engine} | {r['seconds']:.3f} | {r['docs_per_s']:.1f} | "
                          f"{r['peak_bytes'] / 2**20:.0f} MiB | {same} | {r['first_call_s']:.3f} |")
-        lines.append("")
+        lines += ["", *versus_default(report["throughput"]), ""]
     if "profiles" in report:
         lines += ["| profiled mode | launches / generate | kernels run | GPU-busy s | of wall time | top kernels (s) |",
                   "|---|---:|---:|---:|---:|---|"]
@@ -258,6 +294,20 @@ def format_report(report: dict) -> str:
             lines += [f"{part}: rc {report[part]['rc']} in {report[part]['seconds']:.0f} s", "```",
                       report[part]["tail"][-1500:].strip(), "```", ""]
     return "\n".join(lines)
+
+
+def versus_default(rows: list[dict]) -> list[str]:
+    """Markdown: each mode's docs/s over the default's at every batch both ran (the plan's and the probes')."""
+    docs = {(r["engine"], r["inputs"]): r["docs_per_s"] for r in rows if "error" not in r}
+    lines = ["| inputs | " + " | ".join(f"{m} / bart_opt docs/s" for m in MODES[1:]) + " |",
+             "|---:|" + "---:|" * (len(MODES) - 1)]
+    for inputs in sorted({n for _, n in docs}):
+        if ("bart_opt", inputs) not in docs:
+            continue
+        cells = [f"{docs[m, inputs] / docs['bart_opt', inputs]:.2f}x" if (m, inputs) in docs else "-"
+                 for m in MODES[1:]]
+        lines.append(f"| {inputs} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _progress(msg: str) -> None:

@@ -4,8 +4,9 @@ For one random checkpoint shape and each dtype, on CPU or CUDA, every input is g
 
 - transformers' `generate` in padded batches of `--batch-size` (the reference),
 - transformers' `generate` alone (batch of 1): transformers' own self-consistency,
-- bart_opt's default, exact and fast modes, and its int8 mode (`quantize="int8"`, CPU only; the default
-  mode on int8 weights), in the same batches as the reference,
+- bart_opt's default, exact and fast modes, EL-attention (`el`: the default mode with
+  `el_attention=True`) and its int8 mode (`int8`: `quantize="int8"`, CPU only; the default mode on int8
+  weights), in the same batches as the reference (`--modes` picks some),
 
 greedy and with beam search. For each output that differs from the reference, the tie
 analysis scores both hypotheses with transformers' model (teacher-forced, alone, the run's
@@ -16,11 +17,17 @@ a tie decided by rounding from an error.
 
     python -m bart_opt.bench.fidelity --shape d256 --dtypes float32,float16,bfloat16
     python -m bart_opt.bench.fidelity --shape base --dtypes float32,bfloat16 --json fidelity-base.json
+    python -m bart_opt.bench.fidelity --shape d256 --modes default,el --no-self-consistency
 
 With ``--static`` it measures the static search (`Bart.static`) instead, against the default in
 both of its layouts (the CPU's, and the one it takes off the CPU, forced) and transformers:
 
     python -m bart_opt.bench.fidelity --static --shape d256 --threads 1
+
+With ``--static --el-attention`` the static search with EL-attention is the one measured, against the
+static search without it as well:
+
+    python -m bart_opt.bench.fidelity --static --el-attention --shape d256 --threads 1
 """
 
 from __future__ import annotations
@@ -50,7 +57,14 @@ SHAPES = {
               "decoder_attention_heads": 8, "ffn_dim": 512, "vocab_size": 2000, "max_position_embeddings": 256},
 }
 DTYPES = ("float32", "float16", "bfloat16")
-MODES = ("default", "exact", "fast", "int8")
+MODES = ("default", "exact", "fast", "el", "int8")
+
+
+def set_mode(model, mode: str) -> None:
+    """Put bart_opt `model` in one of `MODES` but int8 (a model of its own); "el" is the default mode with EL-attention."""
+    model.el_attention = False
+    model.mode = "default" if mode == "el" else mode
+    model.el_attention = mode == "el"
 
 
 @dataclass(frozen=True)
@@ -192,7 +206,7 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
             label = f"transformers_b{batch}" if engine == "transformers" else mode
             model = hf if engine == "transformers" else quantized if mode == "int8" else ours
             if engine == "bart_opt" and mode != "int8":
-                ours.mode = mode
+                set_mode(ours, mode)
             tick = time.perf_counter()
             runs[label] = generate_all(model, inputs, batch, kwargs, device, pad)
             report["seconds"][f"{name}/{label}"] = time.perf_counter() - tick
@@ -215,11 +229,14 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
 STATIC_REFERENCES = ("default (GPU layout)", "default (CPU layout)", "transformers")
 
 
-def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: Workload) -> dict:
+def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: Workload,
+                   el_attention: bool = False) -> dict:
     """The static search's outputs against each of `STATIC_REFERENCES`, greedy and beam:
     {"beam": {reference: Comparison dict}, "greedy": {...}}; gaps scored by transformers in `dtype`.
     In half precision also the static search's and the default's (GPU layout) against transformers
-    float32, scored in float32 (under "vs_float32"): which of the two is closer to the float32 result."""
+    float32, scored in float32 (under "vs_float32"): which of the two is closer to the float32 result.
+    `el_attention`: the static search with EL-attention is the one measured, against the static search
+    without it ("static") too."""
     from transformers import BartForConditionalGeneration
 
     import bart_opt.model as model_module
@@ -231,6 +248,7 @@ def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: 
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)
     per_input = model_module.attends_per_input
+    references = (("static",) if el_attention else ()) + STATIC_REFERENCES
     report: dict = {}
     for name, beams in (("beam", work.num_beams), ("greedy", 1)):
         kwargs = work.settings(beams)
@@ -243,28 +261,35 @@ def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: 
             model_module.attends_per_input = per_input
         ours.static = True
         try:
-            static = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+            runs["static"] = measured = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
+            if el_attention:
+                ours.el_attention = True
+                runs["static + el"] = measured = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
         finally:
-            ours.static = False
+            ours.static = ours.el_attention = False
         spec = ours.generation_spec(kwargs)
-        report[name] = {ref: compare(runs[ref], static, inputs, hf, spec, device).as_dict() for ref in STATIC_REFERENCES}
+        report[name] = {ref: compare(runs[ref], measured, inputs, hf, spec, device).as_dict() for ref in references}
         if hf32 is not None:
             reference32 = generate_all(hf32, inputs, work.batch_size, kwargs, device, pad)
-            report[name]["vs_float32"] = {
-                label: compare(reference32, out, inputs, hf32, spec, device).as_dict()
-                for label, out in (("default (GPU layout)", runs["default (GPU layout)"]), ("static", static))}
+            labels = ("default (GPU layout)", "static") + (("static + el",) if el_attention else ())
+            report[name]["vs_float32"] = {label: compare(reference32, runs[label], inputs, hf32, spec, device).as_dict()
+                                          for label in labels}
     return report
 
 
 def format_static_table(title: str, results: dict) -> str:
-    """Markdown: one row per dtype and search; the static search's identical outputs and score gaps per reference."""
-    head = " | ".join(f"= {ref} | its score gaps" for ref in STATIC_REFERENCES)
-    lines = [f"### {title}", "", f"| dtype | search | {head} | same as transformers fp32: default (GPU layout) / static |",
-             "|---|---|" + "---|---|" * len(STATIC_REFERENCES) + "---|"]
+    """Markdown: one row per dtype and search; the measured static search's identical outputs and score gaps
+    per reference."""
+    first = next(iter(results.values()))["beam"]
+    references = [ref for ref in first if ref != "vs_float32"]
+    versus = next((" / ".join(r["beam"]["vs_float32"]) for r in results.values() if "vs_float32" in r["beam"]), "-")
+    head = " | ".join(f"= {ref} | its score gaps" for ref in references)
+    lines = [f"### {title}", "", f"| dtype | search | {head} | same as transformers fp32: {versus} |",
+             "|---|---|" + "---|---|" * len(references) + "---|"]
     for dtype, r in results.items():
         for name in ("beam", "greedy"):
             cells = " | ".join(f"{_cell(r[name], ref)} | {_gap_summary(r[name][ref]['score_gaps'])}"
-                               for ref in STATIC_REFERENCES)
+                               for ref in references)
             lines.append(f"| {dtype} | {name} | {cells} | {_vs_float32(r[name])} |")
     return "\n".join(lines)
 
@@ -291,6 +316,14 @@ def _vs_float32(block: dict) -> str:
     return " / ".join(f"{c['identical']}/{c['total']} ({_gap_summary(c['score_gaps'])})" for c in vs.values())
 
 
+def _vs_float32_labels(results: dict) -> list[str]:
+    """The engines of the vs-float32 column, in its order (those of the first half-precision dtype run)."""
+    for r in results.values():
+        if r["beam"].get("vs_float32"):
+            return list(r["beam"]["vs_float32"])
+    return ["transformers", *MODES]
+
+
 def format_table(title: str, results: dict, work: Workload) -> str:
     """Markdown: one row per dtype; identical counts and the score gaps of the differences."""
     lines = [f"### {title}", "",
@@ -298,11 +331,11 @@ def format_table(title: str, results: dict, work: Workload) -> str:
              "differing outputs of |transformers' sequence score of its output - of the other|, and how many of "
              "them transformers scores higher than its own output", "",
              "| dtype | greedy default | greedy exact | beam exact | beam default | default's score gaps "
-             "| greedy fast | beam fast | fast's score gaps "
+             "| greedy fast | beam fast | fast's score gaps | greedy el | beam el | el's score gaps "
              "| transformers alone vs in batch | its score gaps | output tokens (min/mean/max), distinct "
-             "| beam, same as transformers fp32: transformers / default / exact / fast / int8 "
+             f"| beam, same as transformers fp32: {' / '.join(_vs_float32_labels(results))} "
              "| greedy int8 | beam int8 | int8's score gaps |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|" + "---|" * 19]
     for dtype, r in results.items():
         beam, greedy = r["beam"], r.get("greedy", {})
         tokens = beam["output_tokens"]
@@ -311,6 +344,7 @@ def format_table(title: str, results: dict, work: Workload) -> str:
             f"| {_cell(beam, 'default')} | {_gap_summary(beam.get('default', {}).get('score_gaps', []))} "
             f"| {_cell(greedy, 'fast')} | {_cell(beam, 'fast')} "
             f"| {_gap_summary(beam.get('fast', {}).get('score_gaps', []))} "
+            f"| {_cell(greedy, 'el')} | {_cell(beam, 'el')} | {_gap_summary(beam.get('el', {}).get('score_gaps', []))} "
             f"| {_cell(beam, 'transformers_b1')} "
             f"| {_gap_summary(beam.get('transformers_b1', {}).get('score_gaps', []))} "
             f"| {tokens['min']}/{tokens['mean']:.1f}/{tokens['max']}, {beam['distinct_outputs']} "
@@ -335,15 +369,25 @@ def parse_args(argv):
                    help="std of the random weights (default 0.2, as the tests' checkpoints: peaked, input-dependent "
                         "outputs; transformers' own 0.02 gives near-uniform logits)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--no-self-consistency", action="store_true", help="skip transformers in batches of 1")
     p.add_argument("--threads", type=int)
     p.add_argument("--static", action="store_true", help="measure the static search against the default instead")
+    p.add_argument("--el-attention", action="store_true",
+                   help="with --static: measure the static search with EL-attention, against the one without it too")
     p.add_argument("--json", dest="json_path")
     args = p.parse_args(argv)
     args.dtypes = [d for d in args.dtypes.split(",") if d]
     bad = sorted(set(args.dtypes) - set(DTYPES))
     if bad:
         p.error(f"unknown dtype(s) {bad}; choose from {list(DTYPES)}")
+    args.modes = [m for m in args.modes.split(",") if m]
+    bad = sorted(set(args.modes) - set(MODES))
+    if bad or not args.modes:
+        p.error(f"unknown or no mode(s) {bad}; choose from {list(MODES)}")
+    if args.el_attention and not args.static:
+        p.error("--el-attention measures the static search with EL-attention: give --static too "
+                "(--modes el measures the default search's)")
     return args
 
 
@@ -360,17 +404,18 @@ def main(argv: list[str] | None = None) -> int:
     work = Workload(n=args.n, min_len=args.min_len, max_len=args.max_len, batch_size=args.batch_size,
                     num_beams=args.num_beams, new_tokens=args.new_tokens, seed=args.seed)
     results = {}
-    modes = MODES if device.type == "cpu" else tuple(m for m in MODES if m != "int8")  # int8 is CPU-only
+    modes = [m for m in args.modes if device.type == "cpu" or m != "int8"]  # int8 is CPU-only
     with tempfile.TemporaryDirectory(prefix="bart-opt-fidelity-") as tmp:
         folder = build_checkpoint(tmp, args.shape, args.seed, args.eos_bias, args.init_std)
         for name in args.dtypes:
             print(f"{args.shape} {name} ...", file=sys.stderr, flush=True)
             if args.static:
-                results[name] = measure_static(folder, getattr(torch, name), device, work)
+                results[name] = measure_static(folder, getattr(torch, name), device, work, args.el_attention)
             else:
                 results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=modes,
                                               self_consistency=not args.no_self_consistency)
-    title = (f"fidelity{' of the static search' if args.static else ''}: random {args.shape} (init_std "
+    searched = " of the static search" + (" with EL-attention" if args.el_attention else "") if args.static else ""
+    title = (f"fidelity{searched}: random {args.shape} (init_std "
              f"{args.init_std}, eos_bias {args.eos_bias}) on {device}, {work.n} inputs of {work.min_len}-{work.max_len} "
              f"tokens, {work.num_beams} beams, up to {work.new_tokens} new tokens"
              + (f"; CPU: {hardware.probe().describe()}" if device.type == "cpu" else ""))

@@ -3,7 +3,8 @@
 Reproduces the seed's experiment in one run: a BART-shaped model (random weights
 at a named size, or a real checkpoint with ``--model``), 6 inputs of uneven
 length padded to the longest, and for each engine (transformers; bart_opt in its
-default mode; bart_opt with ``exact=True``, unless ``--skip-exact``)
+default mode; bart_opt with ``exact=True``, unless ``--skip-exact``; with ``--el-attention``, bart_opt's
+default mode with EL-attention, ``bart_opt_el``)
 
 - ``forward``: one teacher-forced pass with a full-length decoder input;
 - ``generate_9``: ``generate()`` for 9 new tokens with 4 beams;
@@ -53,7 +54,15 @@ from bart_opt.quantize import packed_bytes
 
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt", "bart_opt_exact")
-OURS = ("bart_opt", "bart_opt_exact", "bart_opt_static")  # one Bart model; the engine name sets its mode
+EL_ENGINE = "bart_opt_el"  # with --el-attention
+MODE_FLAGS = {  # one Bart model for all of bart_opt's engines; the engine name sets its mode
+    "bart_opt": (),
+    "bart_opt_exact": ("exact",),
+    "bart_opt_static": ("static",),
+    EL_ENGINE: ("el_attention",),
+    "bart_opt_el_static": ("el_attention", "static"),  # the device check's (bart_opt.bench.device)
+}
+OURS = tuple(MODE_FLAGS)
 LENGTH_FRACTIONS = (1.0, 0.9, 0.8, 0.7, 0.6, 0.5)  # uneven inputs, the longest sets the padded length
 PEERS = ("ctranslate2",)  # engines --peers can add; see vs_peers.py
 DEFAULT_PEERS_EOS_BIAS = 1.5  # random bart-base weights then stop after 75-110 tokens instead of running to 142
@@ -79,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-overhead", action="store_true", help="leave out the logging-overhead measurement")
     p.add_argument("--skip-exact", action="store_true", help="leave out bart_opt's exact mode")
     p.add_argument("--static", action="store_true", help="add bart_opt's static search (bart_opt_static)")
+    p.add_argument("--el-attention", action="store_true",
+                   help="add bart_opt's default mode with EL-attention (engine bart_opt_el)")
     p.add_argument("--hf-no-cache", action="store_true",
                    help="call transformers' forward with use_cache=False (default: as users call it)")
     p.add_argument("--eos-bias", type=float,
@@ -135,9 +146,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: bool = True,
-                 quantize: str | None = None, static: bool = False) -> dict[str, torch.nn.Module]:
+                 quantize: str | None = None, static: bool = False,
+                 el_attention: bool = False) -> dict[str, torch.nn.Module]:
     """The engines from the same folder: transformers' BartForConditionalGeneration and bart_opt.Bart
-    (one model object for both of its modes: the weights are loaded once), quantized as `quantize` says."""
+    (one model object for all of its modes: the weights are loaded once), quantized as `quantize` says."""
     from transformers import BartForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
@@ -152,6 +164,8 @@ def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: b
         engines["bart_opt_exact"] = ours
     if static:
         engines["bart_opt_static"] = ours
+    if el_attention:
+        engines[EL_ENGINE] = ours
     return engines
 
 
@@ -180,10 +194,11 @@ def make_batch(config, batch_size: int, max_len: int, device: torch.device, seed
 
 
 def set_mode(model, engine: str) -> None:
-    """The mode of bart_opt's `engine`: static off first, since it excludes exact."""
-    model.static = False
-    model.exact = engine == "bart_opt_exact"
-    model.static = engine == "bart_opt_static"
+    """Put the one bart_opt model in the mode `engine` (one of `OURS`) names: every flag off first
+    (exact excludes the others), then the engine's own on."""
+    model.static = model.el_attention = model.exact = False
+    for flag in MODE_FLAGS[engine]:
+        setattr(model, flag, True)
 
 
 def task_call(task: str, engine: str, model, batch: dict, hf_no_cache: bool):
@@ -304,21 +319,20 @@ def _ratio(ours: dict, ref: dict) -> dict:
 
 def compute_ratios(results: list[dict]) -> dict:
     """Per task: bart_opt / transformers for peak memory and seconds, the speed-up, output agreement;
-    under "exact" the same for exact mode, plus its peak and seconds relative to the default's."""
+    under "exact" (and "el") the same for exact mode (EL-attention), plus its peak and seconds relative to
+    the default's."""
     ratios = {}
     for task in dict.fromkeys(r["task"] for r in results):
         by = {r["engine"]: r for r in results if r["task"] == task}
         ratios[task] = _ratio(by["bart_opt"], by["transformers"])
-        if "bart_opt_static" in by:
-            ratios[task]["static"] = {**_ratio(by["bart_opt_static"], by["transformers"]),
-                                      "seconds_vs_default": by["bart_opt_static"]["seconds"] / by["bart_opt"]["seconds"]}
-        if "bart_opt_exact" in by:
-            exact, default = by["bart_opt_exact"], by["bart_opt"]
-            ratios[task]["exact"] = {
-                **_ratio(exact, by["transformers"]),
-                "peak_vs_default": exact["peak_bytes"] / default["peak_bytes"] if default["peak_bytes"] else None,
-                "seconds_vs_default": exact["seconds"] / default["seconds"],
-            }
+        for mode, engine in (("exact", "bart_opt_exact"), ("static", "bart_opt_static"), ("el", EL_ENGINE)):
+            if engine in by:
+                other, default = by[engine], by["bart_opt"]
+                ratios[task][mode] = {
+                    **_ratio(other, by["transformers"]),
+                    "peak_vs_default": other["peak_bytes"] / default["peak_bytes"] if default["peak_bytes"] else None,
+                    "seconds_vs_default": other["seconds"] / default["seconds"],
+                }
     return ratios
 
 
@@ -382,20 +396,19 @@ def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dic
         peak = format_bytes(r["peak_bytes"])
         lines.append(f"| {r['task']} | {r['engine']} | {peak} | {r['seconds']:.3f} | {sps} | {tps} |")
     lines += ["", "| task | mode | peak (bart_opt / transformers) | time (bart_opt / transformers) | speed-up "
-              "| same output | vs default: peak, time |", "|---|---|---:|---:|---:|---|---|"]
+              "| same output | mode / default: peak, time |", "|---|---|---:|---:|---:|---|---|"]
     for task, default in ratios.items():
-        for mode, q in (("default", default), ("exact", default.get("exact")), ("static", default.get("static"))):
+        for mode in ("default", "exact", "static", "el"):
+            q = default if mode == "default" else default.get(mode)
             if q is None:
                 continue
             same = ("yes" if q["outputs_equal"] else "**NO**") if "outputs_equal" in q else (
                 f"max logit diff {q['max_abs_logit_diff']:.2e}")
             peak = f"{q['peak']:.3f}x" if q["peak"] is not None else "n/a"
             versus = ""
-            if mode == "exact":
+            if mode != "default":
                 versus = (f"{q['peak_vs_default']:.2f}x, " if q["peak_vs_default"] is not None else "n/a, ") + (
                     f"{q['seconds_vs_default']:.2f}x")
-            elif mode == "static":
-                versus = f"time {q['seconds_vs_default']:.2f}x"
             lines.append(f"| {task} | {mode} | {peak} | {q['seconds']:.3f}x | {q['speedup']:.2f}x | {same} | {versus} |")
     if overhead:
         g = overhead["generate_9_seconds"]
@@ -498,7 +511,7 @@ def _bench(args) -> int:
         folder = args.model or build_random_checkpoint(tmp, args.size, args.seed, args.eos_bias)
         try:
             engines = load_engines(folder, device, dtype, exact=not args.skip_exact, quantize=args.quantize,
-                                   static=args.static)
+                                   static=args.static, el_attention=args.el_attention)
         except (OSError, ValueError) as exc:
             print(f"bart-opt bench: cannot load {folder}: {exc}", file=sys.stderr)
             return 2
@@ -517,7 +530,7 @@ def _bench(args) -> int:
         "throughput_settings": CNN_SETTINGS, "throughput_batch_size": args.throughput_batch_size or args.batch_size,
         "throughput_max_len": args.throughput_max_len or args.max_len, "hf_forward_use_cache": not args.hf_no_cache,
         "hf_attn_implementation": getattr(engines["transformers"].config, "_attn_implementation", None),
-        "eos_bias": args.eos_bias, "threads": torch.get_num_threads(),
+        "eos_bias": args.eos_bias, "el_attention": args.el_attention, "threads": torch.get_num_threads(),
         "cpu": hardware.probe().as_dict() if device.type == "cpu" else None,
         "torch": torch.__version__, "transformers": transformers.__version__,
     }

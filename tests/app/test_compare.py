@@ -33,7 +33,7 @@ CREATED = datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()
 
 
 def view(status: str = "succeeded", total: int = 8, generation: dict | None = None) -> Job:
-    return Job(id="j", idempotency_key=None, request_hash="h", status=status, model="demo",
+    return Job(id="j", idempotency_key=None, request_hash="h", status=status, model="demo", fingerprint=None,
                dataset={"file": "a.jsonl"}, columns={}, record_limit=None, generation=generation or {"num_beams": 1},
                baselines=(), total=total, done=total, failed=0, work_s=0.0, active_s=0.0, runs=1, stalled_runs=0,
                done_at_start=0, peak_bytes=0, owner=None, lease_until=None, created_at=CREATED, started_at=None,

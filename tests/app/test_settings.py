@@ -95,17 +95,19 @@ def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
         QuantizeSettings()
 
 
-def test_bart_opt_static_reaches_the_model(monkeypatch, demo_checkpoint):
+@pytest.mark.parametrize("mode", ["static", "el_attention"])
+def test_bart_opt_static_and_el_attention_reach_the_model(monkeypatch, demo_checkpoint, mode):
     from app.engine import load_summarizer
 
-    monkeypatch.delenv("BART_OPT_STATIC", raising=False)
-    assert Settings(model=demo_checkpoint, device="cpu").static is False
-    monkeypatch.setenv("BART_OPT_STATIC", "true")
+    variable = f"BART_OPT_{mode.upper()}"
+    monkeypatch.delenv(variable, raising=False)
+    assert getattr(Settings(model=demo_checkpoint, device="cpu"), mode) is False
+    monkeypatch.setenv(variable, "true")
     settings = Settings(model=demo_checkpoint, device="cpu")
-    assert settings.static is True and settings.engine_options().static is True
-    assert load_summarizer(settings).model.static is True
-    monkeypatch.setenv("BART_OPT_STATIC", "maybe")
-    with pytest.raises(ValidationError, match="static"):
+    assert getattr(settings, mode) is True and getattr(settings.engine_options(), mode) is True
+    assert getattr(load_summarizer(settings).model, mode) is True
+    monkeypatch.setenv(variable, "maybe")
+    with pytest.raises(ValidationError, match=mode):
         Settings(model=demo_checkpoint)
 
 

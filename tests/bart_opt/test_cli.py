@@ -53,21 +53,23 @@ def test_exact_flag_loads_the_model_in_exact_mode(demo_checkpoint):
         assert load_summarizer(args).model.exact is exact
 
 
-def test_static_flag_loads_the_model_with_the_static_search(demo_checkpoint, texts, tmp_path, capsys):
+@pytest.mark.parametrize("mode", ["static", "el_attention"])
+def test_static_and_el_attention_flags_load_the_model_in_that_mode(demo_checkpoint, texts, tmp_path, capsys, mode):
     from bart_opt.cli import build_parser, load_summarizer
 
+    flag = "--" + mode.replace("_", "-")
     for command in (["summarize"], ["evaluate", "--data", "x.jsonl", "--out", "o"]):
-        for flags, static in (([], False), (["--static"], True), (["--static", "--fast"], True)):
+        for flags, on in (([], False), ([flag], True), ([flag, "--fast"], True)):
             args = build_parser().parse_args([*command, "--model", demo_checkpoint, "--device", "cpu", *flags])
-            assert load_summarizer(args).model.static is static
+            assert getattr(load_summarizer(args).model, mode) is on
     data = tmp_path / "in.jsonl"
     data.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
-    assert main(["summarize", "--model", demo_checkpoint, "--device", "cpu", "--static", str(data), *GEN]) == 0
+    assert main(["summarize", "--model", demo_checkpoint, "--device", "cpu", flag, str(data), *GEN]) == 0
     out = [json.loads(line)["summary"] for line in capsys.readouterr().out.splitlines()]
-    static = Summarizer.from_pretrained(demo_checkpoint, device="cpu", static=True)
-    assert out == static.summarize(texts, max_length=12, min_length=3, num_beams=2).summaries
-    assert main(["summarize", "--model", demo_checkpoint, "--static", "--exact", str(data)]) == 2
-    assert "static and exact exclude each other" in capsys.readouterr().err
+    alone = Summarizer.from_pretrained(demo_checkpoint, device="cpu", **{mode: True})
+    assert out == alone.summarize(texts, max_length=12, min_length=3, num_beams=2).summaries
+    assert main(["summarize", "--model", demo_checkpoint, flag, "--exact", str(data)]) == 2
+    assert f"{mode} and exact exclude each other" in capsys.readouterr().err
 
 
 def test_fast_flag_loads_the_model_in_fast_mode_and_excludes_exact(demo_checkpoint, capsys):

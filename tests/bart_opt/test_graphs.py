@@ -57,16 +57,18 @@ def test_cuda_device_length_penalizes_as_a_python_scalar_division_does(penalty):
         assert torch.equal(device.best_running(scores), host.best_running(scores)), host.value
 
 
-def _cuda_model(path: str, static: bool, dtype=torch.float32):
-    return Bart.from_pretrained(path, device="cuda", dtype=dtype, static=static)
+def _cuda_model(path: str, static: bool, dtype=torch.float32, el_attention: bool = False):
+    return Bart.from_pretrained(path, device="cuda", dtype=dtype, static=static, el_attention=el_attention)
 
 
 @needs_cuda
+@pytest.mark.parametrize("el_attention", [False, True], ids=["standard", "el"])
 @pytest.mark.parametrize("beams", [1, 4])
-def test_cuda_graph_replays_equal_the_eager_static_search_across_buckets(make_checkpoint, monkeypatch, beams):
+def test_cuda_graph_replays_equal_the_eager_static_search_across_buckets(make_checkpoint, monkeypatch, beams,
+                                                                         el_attention):
     path = make_checkpoint(**CHECKPOINTS["base"])
     ids, mask = (t.cuda() for t in batch(path, (1, 6, 2, 5, 1, 4, 3, 2), seed=3))
-    model = _cuda_model(path, static=True)
+    model = _cuda_model(path, static=True, el_attention=el_attention)
     captured = []
     capture = StepGraphs._capture
     monkeypatch.setattr(StepGraphs, "_capture", lambda self: (captured.append(self.bucket), capture(self)))

@@ -490,3 +490,63 @@ def test_detached_logging_costs_nothing_measurable_in_bart_generate(demo_checkpo
     per_call = (time.perf_counter() - start) / 4000
     assert torch.equal(attached, detached)
     assert calls * per_call / best < 0.01
+
+
+# ---------------------------------------------------------------- the cross-attention state against layer count
+
+
+def _cross_state_bytes(path: str, dtype: torch.dtype, el_attention: bool, ids, mask, static: bool = False) -> int:
+    """Live tensor bytes of the cross-attention state `generate` builds (4 beams), once the encoder output is gone."""
+    from bart_opt import Bart
+
+    model = Bart.from_pretrained(path, dtype=dtype, el_attention=el_attention, static=static)
+    with torch.inference_mode(), LiveTensorCounter() as counter:
+        memory = model.encode(ids, mask)  # (B, S, D)
+        state = model.cross_attention(memory, mask, beams=4)
+        del memory
+        held = counter.current_bytes
+    del state
+    return held
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_el_attention_cross_state_does_not_grow_with_decoder_layers(make_checkpoint, dtype):
+    """At d_model 256 with 2 and 6 decoder layers: EL-attention holds one copy of the encoder output per
+    input whatever the layer count (float32: real rows only; bfloat16: padded rows and the padding mask),
+    the default mode two per layer (keys and values)."""
+    lengths = (200, 37, 120, 81)
+    ids = torch.randint(4, 1000, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, S) right-padded
+    d_model, width = 256, dtype.itemsize
+    el, default = {}, {}
+    for layers in (2, 6):
+        path = make_checkpoint(with_tokenizer=False, init_std=0.2, d_model=d_model, encoder_layers=1,
+                               decoder_layers=layers, encoder_attention_heads=8, decoder_attention_heads=8,
+                               ffn_dim=256, vocab_size=1000)
+        el[layers] = _cross_state_bytes(path, dtype, True, ids, mask) / len(lengths)
+        default[layers] = _cross_state_bytes(path, dtype, False, ids, mask) / len(lengths)
+    tokens = sum(lengths) if dtype == torch.float32 else mask.numel()  # rows kept: real, or padded too
+    one_copy = tokens * d_model * width / len(lengths)  # the encoder output, per input
+    mask_bytes = 0 if dtype == torch.float32 else mask.numel() / len(lengths)  # the bool padding mask
+    assert el[2] == el[6] == one_copy + mask_bytes, (el, one_copy)
+    # The default mode keeps the same rows once per layer for keys and once for values.
+    assert default[2] == 2 * 2 * one_copy + mask_bytes and default[6] == 2 * 6 * one_copy + mask_bytes, default
+    assert default[6] > 2.9 * default[2] and default[2] > 3.9 * el[2]
+
+
+def test_el_attention_in_the_static_search_holds_the_padded_encoder_output_once(make_checkpoint):
+    """The static search's EL state at d_model 256, 2 and 6 decoder layers: the padded encoder output once
+    and its additive key mask, whatever the layer count; the static search's own state grows with the layers."""
+    lengths = (200, 37, 120, 81)
+    ids = torch.randint(4, 1000, (len(lengths), max(lengths)), generator=torch.Generator().manual_seed(0))
+    mask = (torch.arange(max(lengths))[None, :] < torch.tensor(lengths)[:, None]).long()  # (B, S) right-padded
+    el, static = {}, {}
+    for layers in (2, 6):
+        path = make_checkpoint(with_tokenizer=False, init_std=0.2, d_model=256, encoder_layers=1,
+                               decoder_layers=layers, encoder_attention_heads=8, decoder_attention_heads=8,
+                               ffn_dim=256, vocab_size=1000)
+        el[layers] = _cross_state_bytes(path, torch.float32, True, ids, mask, static=True)
+        static[layers] = _cross_state_bytes(path, torch.float32, False, ids, mask, static=True)
+    padded_copy, key_bias = mask.numel() * 256 * 4, mask.numel() * 4  # (B, S, D) and (B, 1, 1, S) float32
+    assert el[2] == el[6] == padded_copy + key_bias, el
+    assert static[6] > 2.9 * static[2] and static[2] > 3.9 * el[2], (static, el)

@@ -47,8 +47,8 @@ def test_a_new_field_is_one_line_a_flag_and_an_engine_argument(capsys):
     assert parse(["--model", "m", "--static", "--quantize", "int8"], WithQuantize) == WithQuantize(
         model="m", static=True, quantize="int8")
     assert parse(["--model", "m"], WithQuantize).quantize is None
-    assert WithQuantize(model="m", static=True, fast=True).engine_kwargs() == {"exact": False, "fast": True,
-                                                                               "static": True, "quantize": None}
+    assert WithQuantize(model="m", static=True, fast=True).engine_kwargs() == {
+        "exact": False, "fast": True, "static": True, "el_attention": False, "quantize": None}
     with pytest.raises(SystemExit):
         parse(["--model", "m", "--quantize", "int4"], WithQuantize)
     assert "invalid choice: 'int4'" in capsys.readouterr().err
@@ -94,11 +94,13 @@ def test_the_summarizer_loads_what_the_options_say(demo_checkpoint):
     assert summarizer.max_batch_tokens == EngineOptions.max_batch_tokens
 
 
-def test_static_is_a_flag_and_a_keyword_of_the_model(demo_checkpoint):
-    assert parse(["--model", "m"]).static is False
-    assert parse(["--model", "m", "--static", "--fast"]).engine_kwargs() == {"exact": False, "fast": True,
-                                                                             "static": True}
-    assert Summarizer.from_pretrained(demo_checkpoint, device="cpu", static=True).model.static is True
-    assert Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu")).model.static is False
-    with pytest.raises(ValueError, match="static and exact exclude each other"):
-        Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, static=True)
+@pytest.mark.parametrize("mode", ["static", "el_attention"])
+def test_static_and_el_attention_are_flags_and_keywords_of_the_model(demo_checkpoint, mode):
+    flag = "--" + mode.replace("_", "-")
+    assert getattr(parse(["--model", "m"]), mode) is False
+    kwargs = parse(["--model", "m", flag, "--fast"]).engine_kwargs()
+    assert kwargs == {"exact": False, "fast": True, "static": False, "el_attention": False, mode: True}
+    assert getattr(Summarizer.from_pretrained(demo_checkpoint, device="cpu", **{mode: True}).model, mode) is True
+    assert getattr(Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu")).model, mode) is False
+    with pytest.raises(ValueError, match=f"{mode} and exact exclude each other"):
+        Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, **{mode: True})

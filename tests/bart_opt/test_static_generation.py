@@ -131,11 +131,13 @@ def test_host_syncs_are_one_per_check_plus_a_constant(make_checkpoint):
     assert all(name.split(": ")[1] == "item" for name in static.syncs if not name.startswith("prepare"))
 
 
-def test_static_decoder_step_compiles_fullgraph_with_the_same_logits(make_checkpoint):
-    """`torch.compile(fullgraph=True)` (inductor, on the CPU) of the static decoder step: no graph break,
-    the same logits as eager over several steps, and the same cache state."""
+@pytest.mark.parametrize("el_attention", [False, True], ids=["standard", "el"])
+def test_static_decoder_step_compiles_fullgraph_with_the_same_logits(make_checkpoint, el_attention):
+    """`torch.compile(fullgraph=True)` (inductor, on the CPU) of the static decoder step, over either
+    cross-attention state (`bart_opt.el_attention`): no graph break, the same logits as eager over
+    several steps, and the same cache state."""
     path = make_checkpoint(init_std=0.2, d_model=32, encoder_layers=1, decoder_layers=2)
-    model = Bart.from_pretrained(path, static=True)
+    model = Bart.from_pretrained(path, static=True, el_attention=el_attention)
     ids, mask = batch(path, (2, 4), seed=1)
     beams = 2
     c = model.config

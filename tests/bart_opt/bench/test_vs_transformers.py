@@ -107,6 +107,26 @@ def test_quantize_is_refused_where_it_cannot_run(capsys):
     assert "--quantize is for bart_opt against transformers on a CPU" in err and "invalid choice: 'int4'" in err
 
 
+def test_el_attention_adds_its_rows_and_ratios(tmp_path):
+    out_json = tmp_path / "bench.json"
+    status = bench.main(["--size", "tiny", "--device", "cpu", "--max-len", "48", "--batch-size", "3", "--repeats", "0",
+                         "--threads", "1", "--tasks", "forward,generate_9", "--skip-exact", "--skip-overhead",
+                         "--el-attention", "--json", str(out_json)])
+    assert status == 0
+    payload = json.loads(out_json.read_text())
+    assert payload["config"]["el_attention"] is True
+    rows = {(r["engine"], r["task"]): r for r in payload["results"]}
+    engines = ("transformers", "bart_opt", bench.EL_ENGINE)
+    assert set(rows) == {(e, t) for e in engines for t in ("forward", "generate_9")}
+    el, default = rows[bench.EL_ENGINE, "generate_9"], rows["bart_opt", "generate_9"]
+    assert el["equal_to_transformers"] is True and el["generated_tokens"] == default["generated_tokens"]
+    ratios = payload["ratios"]
+    assert ratios["generate_9"]["el"]["peak_vs_default"] == el["peak_bytes"] / default["peak_bytes"]
+    assert ratios["generate_9"]["el"]["seconds_vs_default"] == el["seconds"] / default["seconds"]
+    # A teacher-forced pass does not use EL-attention: the same logits as the default mode's.
+    assert ratios["forward"]["el"]["max_abs_logit_diff"] == ratios["forward"]["max_abs_logit_diff"]
+
+
 def test_static_adds_its_engine_row_and_a_throughput_table(tmp_path, capsys):
     out_json = tmp_path / "bench.json"
     assert bench.main(["--size", "tiny", "--device", "cpu", "--max-len", "24", "--batch-size", "2", "--repeats", "0",

@@ -18,13 +18,14 @@ import ctypes
 import functools
 import mmap
 import os
+from collections.abc import Iterable
 import pickle
 from pathlib import Path
 
 import torch
 from transformers import BartConfig, GenerationConfig
 
-from bart_opt.config import resolve_dtype
+from bart_opt import hardware
 from bart_opt.errors import CheckpointError
 from bart_opt.fingerprint import fingerprint
 
@@ -100,8 +101,9 @@ def load_generation_config(folder: Path, config: BartConfig) -> GenerationConfig
     return GenerationConfig.from_model_config(config)
 
 
-def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32):
-    """Build `cls(config, generation_config)` on the meta device and assign the checkpoint's tensors."""
+def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32, quantize: str | None = None):
+    """Build `cls(config, generation_config)` on the meta device and assign the checkpoint's tensors;
+    with `quantize="int8"`, quantize its layers from the float32 weights, then convert the rest to `dtype`."""
     folder = resolve_checkpoint(name_or_path)
     if not (folder / "config.json").exists():
         raise CheckpointError("no config.json", folder)
@@ -109,8 +111,8 @@ def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32):
     identity = fingerprint(folder, weights.name)
     config = BartConfig.from_pretrained(str(folder))
     generation_config = load_generation_config(folder, config)
-    dtype = resolve_dtype(dtype)
     device = torch.device(device)
+    dtype = hardware.choose_dtype(dtype, device).dtype  # "auto" resolved; bfloat16 where it is slow warned once
     with torch.device("meta"):
         model = cls(config, generation_config)
     state = normalize_keys(read_state_dict(weights))
@@ -128,19 +130,25 @@ def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32):
         if tuple(tensor.shape) != tuple(expected[key].shape):
             raise CheckpointError(f"{key} has shape {tuple(tensor.shape)}; config.json implies "
                                   f"{tuple(expected[key].shape)}", name_or_path)
-        state[key] = tensor.to(device=device, dtype=dtype)
+        state[key] = tensor.to(device=device, dtype=torch.float32 if quantize else dtype)
     model.load_state_dict(state, assign=True, strict=True)
-    release_pages(unused_tensors(state, model))
+    release_pages(unused_tensors(state.values(), model))
+    if quantize:
+        from bart_opt.quantize import quantize_model
+
+        release_pages(unused_tensors(quantize_model(model), model))
+        model.to(dtype)
+        trim_heap()
     model.name_or_path = str(name_or_path)
     model.fingerprint = identity
     return model.eval()
 
 
-def unused_tensors(state: dict[str, torch.Tensor], model: torch.nn.Module) -> list[torch.Tensor]:
-    """The CPU tensors of `state` whose memory no parameter or buffer of `model` shares (the
-    projections `Attention.fuse` copied into one tensor, or sources of a dtype conversion)."""
+def unused_tensors(tensors: Iterable[torch.Tensor], model: torch.nn.Module) -> list[torch.Tensor]:
+    """The CPU tensors among `tensors` whose memory no parameter or buffer of `model` shares (the
+    projections `Attention.fuse` copied into one tensor, sources of a dtype conversion, weights quantized)."""
     kept = {t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()] if t.device.type == "cpu"}
-    return [t for t in state.values() if t.device.type == "cpu" and t.untyped_storage().data_ptr() not in kept]
+    return [t for t in tensors if t.device.type == "cpu" and t.untyped_storage().data_ptr() not in kept]
 
 
 def release_pages(tensors: list[torch.Tensor]) -> None:
@@ -155,7 +163,7 @@ def release_pages(tensors: list[torch.Tensor]) -> None:
     with a neighbour. The caller guarantees nothing reads these storages again. A no-op where the
     platform has no `madvise`.
     """
-    madvise = _libc_madvise()
+    madvise = _libc_function("madvise") if hasattr(mmap, "MADV_DONTNEED") else None
     if madvise is None:
         return
     page = mmap.PAGESIZE
@@ -169,12 +177,21 @@ def release_pages(tensors: list[torch.Tensor]) -> None:
             madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), mmap.MADV_DONTNEED)
 
 
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the kernel (glibc's `malloc_trim`; elsewhere a no-op).
+
+    Quantizing frees a float copy of every weight through the heap; its free pages otherwise stay in
+    the process's resident memory between the int8 weights (measured at bart-base shape: 249 -> 233 MiB,
+    and one load in three left 321 MiB)."""
+    trim = _libc_function("malloc_trim")
+    if trim is not None:
+        trim(ctypes.c_size_t(0))
+
+
 @functools.cache
-def _libc_madvise():
-    """libc's `madvise`, or None (Windows, or a libc without it); looked up once per process."""
-    if not hasattr(mmap, "MADV_DONTNEED"):
-        return None
+def _libc_function(name: str):
+    """libc's function `name`, or None (Windows, or a libc without it); looked up once per process."""
     try:
-        return ctypes.CDLL(None, use_errno=True).madvise
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
         return None

@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BartConfig, GenerationConfig
 
-from bart_opt import native
+from bart_opt import hardware, native
 from bart_opt.cache import KVCache, StaticKVCache
 from bart_opt.config import ACTIVATIONS, validate_config
 from bart_opt.cross_attention import (
@@ -63,6 +63,7 @@ from bart_opt.kernels import Linear, linear, uses_onednn
 from bart_opt.loading import load_pretrained
 from bart_opt.memory import LoggingMixin
 from bart_opt.packing import Packing, attends_per_input, skips_padded_keys
+from bart_opt.quantize import check_quantize, packed_bytes
 from bart_opt.spec import GenerationSpec
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
@@ -98,12 +99,15 @@ class Attention(nn.Module):
         self.v_proj = Linear(d_model, d_model)
         self.out_proj = Linear(d_model, d_model)
         self.fused = fused
+        self.fused_int8 = None  # the fused projections as one int8 product (`bart_opt.quantize`); their float weights are gone
         self.fuse()
 
     @torch.no_grad()
     def fuse(self) -> None:
         """Re-point the `fused` projections' weights and biases at row blocks of one tensor each.
         `Bart` calls it after anything that replaces parameters (loading, `.to`)."""
+        if self.fused_int8 is not None:
+            return
         projs = [getattr(self, name) for name in self.fused]
         weight = torch.cat([p.weight for p in projs])  # (len(fused)*D, D)
         bias = torch.cat([p.bias for p in projs])  # (len(fused)*D,)
@@ -115,8 +119,11 @@ class Attention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The `fused` projections of `x` (..., D): one (..., D) view each of a single product."""
-        if self.exact and x.device.type != "cpu":
-            # A wider product may select another GPU kernel (and rounding) than transformers' separate ones.
+        if self.fused_int8 is not None:
+            return self.fused_int8(x).chunk(len(self.fused), dim=-1)
+        if self.exact and (x.device.type != "cpu" or not hardware.probe().avx512):
+            # A wider product may select another kernel (and rounding) than transformers' separate ones: on a
+            # GPU, and in MKL's AVX2 code (7e-7 apart at the tiny shape, measured); its AVX-512 code gave the same bits.
             return tuple(getattr(self, name)(x) for name in self.fused)
         out = linear(x, self.fused_weight, self.fused_bias, fast=not self.exact)  # (..., len(fused)*D)
         return out.chunk(len(self.fused), dim=-1)
@@ -311,14 +318,16 @@ class Bart(LoggingMixin, nn.Module):
     """BART for conditional generation: `forward` gives logits, `generate` gives token ids.
 
     Build it with `Bart.from_pretrained(name_or_path, device=..., dtype=..., exact=..., fast=..., static=...,
-    el_attention=...)`.
+    el_attention=...,
+    quantize=...)`.
     `exact` (settable between calls) shapes the arithmetic as transformers shapes it; `fast` (settable
     too) takes the kernels that are faster in half precision at the price of other ids; at most one
     of the two is on. `static` (settable, not with `exact`) generates with fixed shapes and no host
     syncs between checks, in CUDA graphs on CUDA (`bart_opt.static_generation`). `el_attention`
     (settable, not with `exact`; with any of the others) keeps generate's cross-attention state as one
     copy of the encoder output (`bart_opt.el_attention`). See `from_pretrained` and
-    `bart_opt.cross_attention`.
+    `bart_opt.cross_attention`. `quantize="int8"` (at load only) runs the linear layers on int8 weights
+    (`bart_opt.quantize`).
     `fingerprint` is the `bart_opt.fingerprint.Fingerprint` of the files `from_pretrained` read
     (None for a model built otherwise).
     """
@@ -336,6 +345,8 @@ class Bart(LoggingMixin, nn.Module):
         self.encoder = Encoder(config)
         self.decoder = Decoder(config)
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        self.quantize: str | None = None  # "int8" once `bart_opt.quantize` quantized it (at load)
+        self.vocab_int8 = None  # the tied embedding quantized (`bart_opt.quantize.Int8Vocabulary`): `shared` is gone
         self._exact = self._fast = self._static = self._el_attention = False
         self.exact, self.fast, self.static, self.el_attention = exact, fast, static, el_attention
         # Loading (`load_state_dict(assign=True)`) replaces the fused projections' parameters: fuse again.
@@ -407,6 +418,8 @@ class Bart(LoggingMixin, nn.Module):
     def _set_mode(self, name: str, value: bool) -> None:
         """Set `exact`, `fast`, `static` or `el_attention` here and on every module that follows it; exact
         excludes the other three."""
+        if value and name == "exact":
+            check_quantize(self.quantize, self.device, exact=True)  # an int8 model refuses exact mode
         for other in _EXCLUDES[name]:
             if value and getattr(self, other):
                 if "el_attention" in (name, other):
@@ -429,6 +442,7 @@ class Bart(LoggingMixin, nn.Module):
         fast: bool = False,
         static: bool = False,
         el_attention: bool = False,
+        quantize: str | None = None,
     ) -> Bart:
         """Load a Hugging Face BART checkpoint from a local folder or a hub id (through the hub cache).
 
@@ -446,6 +460,16 @@ class Bart(LoggingMixin, nn.Module):
         here on first use (`bart_opt.native`). Faster, with other ids than transformers' in half
         precision: near-ties as the default's are, but more of them (`python -m bart_opt.bench.fidelity`).
 
+        `quantize="int8"` (a CPU only, not with `exact`; fixed for the model's life): the linear layers
+        and the vocabulary projection on int8 weights, quantized here per output channel from the
+        float32 checkpoint, activations quantized at each product; attention and cross-attention's
+        keys/values stay in float (`dtype`: float32, or bfloat16 with `fast=True` where the CPU runs
+        bfloat16 natively). Weights about a third of float32's; ids other than transformers' (its
+        agreement: docs/cpu.md, `python -m bart_opt.bench.fidelity`). See `bart_opt.quantize`.
+
+        `dtype` "auto" (or None) resolves through `bart_opt.hardware.choose_dtype`: float16 on CUDA,
+        float32 on a CPU; bfloat16 on a CPU without native bfloat16 works, with one warning.
+
         `static=True` (with the default or `fast`, not with `exact`): `generate` runs with fixed
         shapes and no host syncs between its checks of whether every input is done (every
         `bart_opt.static_generation.CHECK_EVERY` steps); on CUDA each decoder step is a CUDA graph
@@ -459,26 +483,28 @@ class Bart(LoggingMixin, nn.Module):
         (`bart_opt.el_attention`). Less memory; on a CPU slower; other ids in the last bits, as the
         default's are (`python -m bart_opt.bench.fidelity --modes default,el`; docs/el-attention.md).
         """
-        model = load_pretrained(cls, name_or_path, device=device, dtype=dtype)
+        check_quantize(quantize, torch.device(device), exact)
+        model = load_pretrained(cls, name_or_path, device=device, dtype=dtype, quantize=quantize)
         model.exact, model.fast = exact, fast
         model.static, model.el_attention = static, el_attention
         return model
 
     @property
     def device(self) -> torch.device:
-        return self.shared.weight.device
+        return self.final_logits_bias.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.shared.weight.dtype
+        """The dtype of the float weights and activations (int8 weights compute on float32 from it)."""
+        return self.encoder.layernorm_embedding.weight.dtype
 
     def weights_bytes(self) -> int:
-        """Bytes held by parameters and buffers."""
-        return sum(t.numel() * t.element_size() for t in [*self.parameters(), *self.buffers()])
+        """Bytes held by parameters and buffers, and by int8 weights packed outside them (`quantize="int8"`)."""
+        return sum(t.numel() * t.element_size() for t in [*self.parameters(), *self.buffers()]) + packed_bytes(self)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """(N, T) ids -> (N, T, D) scaled token embeddings (a fresh tensor, safe to modify in place)."""
-        x = F.embedding(ids, self.shared.weight)
+        x = F.embedding(ids, self.shared.weight) if self.vocab_int8 is None else self.vocab_int8.embed(ids)
         return x.mul_(self.embed_scale) if self.embed_scale != 1.0 else x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -491,6 +517,8 @@ class Bart(LoggingMixin, nn.Module):
         blocks of the vocabulary: every logit is the same dot product, bit for bit at every row
         count measured, and the blocks stay in cache (1.6x faster at 48 rows by 50k columns).
         """
+        if self.vocab_int8 is not None:
+            return self.vocab_int8(hidden)
         weight, bias = self.shared.weight, self.final_logits_bias[0]  # (V, D), (V,)
         if not self.exact and hidden.dtype == torch.float32 and uses_onednn(hidden):
             return linear(hidden, weight, bias, fast=True)
@@ -561,7 +589,7 @@ class Bart(LoggingMixin, nn.Module):
         c = self.config
         head_dim = c.d_model // c.decoder_attention_heads
         # The fast mode's kernel reads a beam's history through a row table: beam steps copy no keys/values.
-        indirect = self.fast and native.handles(self.shared.weight, head_dim)
+        indirect = self.fast and native.handles(self.final_logits_bias, head_dim)
         return KVCache(
             c.decoder_layers, rows, c.decoder_attention_heads, max_len, head_dim,
             dtype=self.dtype, device=self.device, indirect=indirect,

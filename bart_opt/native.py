@@ -3,8 +3,9 @@
 The kernel (`bart_opt/csrc/decode_attention.cpp`) needs AVX512-BF16 and is compiled on the
 machine that runs it by torch's extension builder the first time it is asked for (about 30 s,
 then cached by torch under `TORCH_EXTENSIONS_DIR`, by default `~/.cache/torch_extensions`).
-Where the CPU lacks AVX512-BF16, or the build fails (no C++ compiler), the fast mode logs why
-once and runs torch's attention kernel instead: only the speed differs.
+Where the CPU lacks AVX512-BF16 (or a limit keeps torch below AVX-512: `bart_opt.hardware`), or
+the build fails (no C++ compiler), the fast mode logs why once and runs torch's attention kernel
+instead: only the speed differs.
 
 The kernel spreads its (row, head) pairs over torch's intra-op threads (`torch.set_num_threads`;
 the module's `parallel_threads()` says how many its loop runs on), each pair on one thread in one
@@ -23,10 +24,11 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 from pathlib import Path
 
 import torch
+
+from bart_opt import hardware
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
 HEAD_DIMS = (32, 64, 96, 128)  # the head widths the kernel is built for (BART's: 64)
@@ -35,21 +37,18 @@ log = logging.getLogger(__name__)
 
 
 def cpu_has_avx512_bf16() -> bool:
-    """Whether this (Linux) CPU advertises the AVX512-BF16 instructions the kernel is built from."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(line.startswith("flags") and " avx512_bf16" in line for line in text.splitlines())
+    """Whether this CPU has the AVX512-BF16 instructions the kernel is built from and torch runs bfloat16
+    natively (no limit such as ``ATEN_CPU_CAPABILITY=avx2`` in force: `bart_opt.hardware`)."""
+    cpu = hardware.probe()
+    return "avx512_bf16" in cpu.flags and cpu.native_bf16
 
 
 @functools.cache
 def kernel():
     """The compiled kernel module, built on first use; None where it cannot run here (logged once)."""
     if not cpu_has_avx512_bf16():
-        log.warning("fast mode: this CPU lacks AVX512-BF16; decoding attention uses torch's kernel")
+        log.warning("fast mode: this CPU lacks AVX512-BF16 (or torch is limited below it); decoding attention "
+                    "uses torch's kernel")
         return None
     from torch.utils.cpp_extension import load
 

@@ -124,13 +124,11 @@ class EngineOptions:
         return device
 
     def torch_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype on `device`: ``auto`` is float16 on CUDA and float32 elsewhere."""
-        import torch
+        """The dtype on `device`: ``auto`` is float16 on CUDA and float32 elsewhere
+        (`bart_opt.hardware.choose_dtype`, which logs the choice and warns of an emulated bfloat16)."""
+        from bart_opt import hardware
 
-        from bart_opt.config import resolve_dtype
-
-        default = torch.float16 if device.type == "cuda" else torch.float32
-        return resolve_dtype(None if self.dtype == "auto" else self.dtype, default=default)
+        return hardware.choose_dtype(self.dtype, device).dtype
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``Bart.from_pretrained`` (the fields marked ``engine``)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from bart_opt import hardware
+
 EXACT_MIN_ROWS = 64
 """Exact mode packs only batches of at least this many real tokens: MKL's float32 GEMM rounds a
 row alike for every row count measured from 17 up, but differently below (a matrix-vector kernel)."""
@@ -69,10 +71,12 @@ class Packing:
     @classmethod
     def for_mode(cls, attention_mask: torch.Tensor | None, batch: int, length: int, exact: bool,
                  device: torch.device) -> Packing:
-        """Packed rows, except in exact mode for a batch under `EXACT_MIN_ROWS` real tokens or off
-        the CPU (where another row count may select another GPU kernel; not measured)."""
+        """Packed rows, except in exact mode for a batch under `EXACT_MIN_ROWS` real tokens, off the
+        CPU (where another row count may select another GPU kernel; not measured), or on a CPU below
+        AVX-512 (MKL's AVX2 GEMM rounds a row otherwise at another row count: exact logits 2.5e-6 apart
+        at the test checkpoints with every library limited to AVX2, measured)."""
         tokens = batch * length if attention_mask is None else int(attention_mask.bool().sum())
-        exact_packs = device.type == "cpu" and tokens >= EXACT_MIN_ROWS
+        exact_packs = device.type == "cpu" and tokens >= EXACT_MIN_ROWS and hardware.probe().avx512
         return cls(attention_mask, batch, length, pack=not exact or exact_packs)
 
     def square_mask(self) -> torch.Tensor | None:

@@ -11,7 +11,9 @@ It builds random checkpoints (nothing is downloaded) and runs, on the chosen dev
    (`bart_opt.bench`), at bart-large shape in float32 and float16 on CUDA;
 4. service: one request to the HTTP service, in process.
 
-It prints a table and writes `check.json` into `--out`. On CPU every part runs at a reduced
+On a CPU it first names the processor (`bart_opt.hardware`: its model, the ISA torch runs on,
+`torch.backends.cpu.get_cpu_capability()`, and the AVX-512 VNNI / BF16 and AMX flags) and says which
+modes are fast on it. It prints a table and writes `check.json` into `--out`. On CPU every part runs at a reduced
 size (about a minute); on CUDA at full size (a few minutes).
 
     bart-opt check --device cuda --out check-h100
@@ -34,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from bart_opt import hardware
 from bart_opt.bench.fidelity import Workload, measure_dtype
 from bart_opt.bench.fidelity import build_checkpoint as build_fidelity_checkpoint
 
@@ -228,7 +231,12 @@ def run_checks(device: torch.device, workdir: Path) -> list[Outcome]:
 
 
 def format_table(device: torch.device, outcomes: list[Outcome]) -> str:
-    lines = [f"### bart-opt check on {_device_name(device)}", "", "| check | result | detail |", "|---|---|---|"]
+    lines = [f"### bart-opt check on {_device_name(device)}", ""]
+    if device.type == "cpu":
+        cpu = hardware.probe()
+        lines += [f"CPU: {cpu.describe()}", "", "| mode | on this CPU |", "|---|---|",
+                  *(f"| {mode} | {verdict} |" for mode, verdict in hardware.fast_modes(cpu).items()), ""]
+    lines += ["| check | result | detail |", "|---|---|---|"]
     for o in outcomes:
         lines.append(f"| {o.name} | {'pass' if o.ok else '**FAIL**'} | {o.detail} |")
     return "\n".join(lines)
@@ -272,7 +280,9 @@ def _run(device: torch.device, out: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="bart-opt-check-") as tmp:
         outcomes = run_checks(device, Path(tmp))
     print(format_table(device, outcomes))
+    cpu = hardware.probe() if device.type == "cpu" else None
     payload = {"device": _device_name(device), "torch": torch.__version__, "transformers": transformers.__version__,
+               "cpu": cpu and {**cpu.as_dict(), "modes": hardware.fast_modes(cpu)},
                "passed": all(o.ok for o in outcomes),
                "checks": [{"name": o.name, "ok": o.ok, "detail": o.detail, "seconds": o.seconds, "data": o.data}
                           for o in outcomes]}

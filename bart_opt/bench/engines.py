@@ -27,11 +27,22 @@ class EngineSpec:
     """One engine at one precision: ``name`` in transformers, bart_opt, bart_opt_fast (its fast mode), ctranslate2."""
 
     name: str
-    dtype: str  # float32, bfloat16, float16 (torch engines); float32, int8 (ctranslate2)
+    dtype: str  # float32, bfloat16, float16 (torch engines); int8, int8+bfloat16 (bart_opt); float32, int8 (ctranslate2)
 
     @property
     def label(self) -> str:
         return f"{self.name} {self.dtype}"
+
+    @property
+    def quantize(self) -> str | None:
+        """bart_opt's `quantize` argument: "int8" for the dtypes int8 and int8+<float dtype>, else None."""
+        return "int8" if self.dtype.split("+")[0] == "int8" and self.name != "ctranslate2" else None
+
+    @property
+    def float_dtype(self) -> torch.dtype:
+        """The torch dtype of everything not quantized: float32 under plain int8, the named one otherwise."""
+        name = self.dtype.split("+")[-1]
+        return torch.float32 if name == "int8" else getattr(torch, name)
 
 
 def checkpoint_settings(folder: str, generation_kwargs: dict) -> GenerationSpec:
@@ -72,7 +83,7 @@ class TorchEngine:
         self.spec = spec
         self.settings = checkpoint_settings(folder, generation_kwargs)
         self.kwargs = generation_kwargs
-        dtype = getattr(torch, spec.dtype)
+        dtype = spec.float_dtype
         if spec.name == "transformers":
             from transformers import BartForConditionalGeneration
 
@@ -80,7 +91,8 @@ class TorchEngine:
         else:
             from bart_opt import Bart
 
-            self.model = Bart.from_pretrained(folder, dtype=dtype, fast=spec.name == "bart_opt_fast").eval()
+            self.model = Bart.from_pretrained(folder, dtype=dtype, fast=spec.name == "bart_opt_fast",
+                                              quantize=spec.quantize).eval()
         self.batch = None
 
     def prepare(self, docs: list[list[int]]) -> None:

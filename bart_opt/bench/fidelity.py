@@ -4,8 +4,9 @@ For one random checkpoint shape and each dtype, on CPU or CUDA, every input is g
 
 - transformers' `generate` in padded batches of `--batch-size` (the reference),
 - transformers' `generate` alone (batch of 1): transformers' own self-consistency,
-- bart_opt's default, exact and fast modes and EL-attention (`el`: the default mode with
-  `el_attention=True`), in the same batches as the reference (`--modes` picks some),
+- bart_opt's default, exact and fast modes, EL-attention (`el`: the default mode with
+  `el_attention=True`) and its int8 mode (`int8`: `quantize="int8"`, CPU only; the default mode on int8
+  weights), in the same batches as the reference (`--modes` picks some),
 
 greedy and with beam search. For each output that differs from the reference, the tie
 analysis scores both hypotheses with transformers' model (teacher-forced, alone, the run's
@@ -42,6 +43,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bart_opt import hardware
 from bart_opt.bench.workloads import SIZES
 from bart_opt.processors import process_scores
 
@@ -55,11 +57,11 @@ SHAPES = {
               "decoder_attention_heads": 8, "ffn_dim": 512, "vocab_size": 2000, "max_position_embeddings": 256},
 }
 DTYPES = ("float32", "float16", "bfloat16")
-MODES = ("default", "exact", "fast", "el")
+MODES = ("default", "exact", "fast", "el", "int8")
 
 
 def set_mode(model, mode: str) -> None:
-    """Put bart_opt `model` in one of `MODES`; "el" is the default mode with EL-attention."""
+    """Put bart_opt `model` in one of `MODES` but int8 (a model of its own); "el" is the default mode with EL-attention."""
     model.el_attention = False
     model.mode = "default" if mode == "el" else mode
     model.el_attention = mode == "el"
@@ -189,6 +191,7 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
     hf32 = (BartForConditionalGeneration.from_pretrained(folder).to(device).eval()
             if float32_reference and dtype != torch.float32 else None)
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
+    quantized = Bart.from_pretrained(folder, device=device, dtype=dtype, quantize="int8") if "int8" in modes else None
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)
     report: dict = {"seconds": {}}
@@ -201,8 +204,8 @@ def measure_dtype(folder: str, dtype: torch.dtype, device: torch.device, work: W
                                     *[("bart_opt", m, work.batch_size) for m in modes],
                                     *([("transformers", None, 1)] if self_consistency and name == "beam" else [])]:
             label = f"transformers_b{batch}" if engine == "transformers" else mode
-            model = hf if engine == "transformers" else ours
-            if engine == "bart_opt":
+            model = hf if engine == "transformers" else quantized if mode == "int8" else ours
+            if engine == "bart_opt" and mode != "int8":
                 set_mode(ours, mode)
             tick = time.perf_counter()
             runs[label] = generate_all(model, inputs, batch, kwargs, device, pad)
@@ -330,8 +333,9 @@ def format_table(title: str, results: dict, work: Workload) -> str:
              "| dtype | greedy default | greedy exact | beam exact | beam default | default's score gaps "
              "| greedy fast | beam fast | fast's score gaps | greedy el | beam el | el's score gaps "
              "| transformers alone vs in batch | its score gaps | output tokens (min/mean/max), distinct "
-             f"| beam, same as transformers fp32: {' / '.join(_vs_float32_labels(results))} |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"| beam, same as transformers fp32: {' / '.join(_vs_float32_labels(results))} "
+             "| greedy int8 | beam int8 | int8's score gaps |",
+             "|" + "---|" * 19]
     for dtype, r in results.items():
         beam, greedy = r["beam"], r.get("greedy", {})
         tokens = beam["output_tokens"]
@@ -344,7 +348,8 @@ def format_table(title: str, results: dict, work: Workload) -> str:
             f"| {_cell(beam, 'transformers_b1')} "
             f"| {_gap_summary(beam.get('transformers_b1', {}).get('score_gaps', []))} "
             f"| {tokens['min']}/{tokens['mean']:.1f}/{tokens['max']}, {beam['distinct_outputs']} "
-            f"| {_vs_float32(beam)} |")
+            f"| {_vs_float32(beam)} | {_cell(greedy, 'int8')} | {_cell(beam, 'int8')} "
+            f"| {_gap_summary(beam.get('int8', {}).get('score_gaps', []))} |")
     return "\n".join(lines)
 
 
@@ -399,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Workload(n=args.n, min_len=args.min_len, max_len=args.max_len, batch_size=args.batch_size,
                     num_beams=args.num_beams, new_tokens=args.new_tokens, seed=args.seed)
     results = {}
+    modes = [m for m in args.modes if device.type == "cpu" or m != "int8"]  # int8 is CPU-only
     with tempfile.TemporaryDirectory(prefix="bart-opt-fidelity-") as tmp:
         folder = build_checkpoint(tmp, args.shape, args.seed, args.eos_bias, args.init_std)
         for name in args.dtypes:
@@ -406,17 +412,19 @@ def main(argv: list[str] | None = None) -> int:
             if args.static:
                 results[name] = measure_static(folder, getattr(torch, name), device, work, args.el_attention)
             else:
-                results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=args.modes,
+                results[name] = measure_dtype(folder, getattr(torch, name), device, work, modes=modes,
                                               self_consistency=not args.no_self_consistency)
     searched = " of the static search" + (" with EL-attention" if args.el_attention else "") if args.static else ""
     title = (f"fidelity{searched}: random {args.shape} (init_std "
              f"{args.init_std}, eos_bias {args.eos_bias}) on {device}, {work.n} inputs of {work.min_len}-{work.max_len} "
-             f"tokens, {work.num_beams} beams, up to {work.new_tokens} new tokens")
+             f"tokens, {work.num_beams} beams, up to {work.new_tokens} new tokens"
+             + (f"; CPU: {hardware.probe().describe()}" if device.type == "cpu" else ""))
     print(format_static_table(title, results) if args.static else format_table(title, results, work))
     if args.json_path:
         payload = {"shape": args.shape, "config": SHAPES[args.shape], "workload": work.__dict__,
                    "init_std": args.init_std, "eos_bias": args.eos_bias, "device": str(device),
-                   "torch": torch.__version__, "results": results}
+                   "torch": torch.__version__, "results": results,
+                   "cpu": hardware.probe().as_dict() if device.type == "cpu" else None}
         Path(args.json_path).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     return 0
 

@@ -45,8 +45,12 @@ from pathlib import Path
 
 import torch
 
+from bart_opt import hardware
+from bart_opt.bench.isa import ISAS
 from bart_opt.bench.workloads import CNN_SETTINGS, DEFAULT_MAX_LEN, SIZES, STEP_SETTINGS, build_random_checkpoint
 from bart_opt.memory import MemoryLog, format_bytes, measure
+from bart_opt.quantize import MODES as QUANTIZE
+from bart_opt.quantize import packed_bytes
 
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt", "bart_opt_exact")
@@ -71,6 +75,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", help="a real checkpoint folder or hub id instead of random weights")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (cuda when available)")
     p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32")
+    p.add_argument("--quantize", choices=QUANTIZE, help="bart_opt's int8 mode (CPU; --dtype for the rest, no exact mode)")
     p.add_argument("--batch-size", type=int, default=6, help="inputs per call (default 6)")
     p.add_argument("--max-len", type=int, help="longest input, all padded to it (default 1024; 128 for tiny)")
     p.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated subset of {','.join(TASKS)}")
@@ -95,6 +100,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peers", type=_peer_list, default=[],
                    help="compare with these engines on the CNN workload instead of running the tasks: ctranslate2")
     p.add_argument("--docs", type=int, default=12, help="with --peers: documents in the batch (default 12)")
+    p.add_argument("--isa", choices=ISAS, default="native",
+                   help="with --peers: limit every engine's libraries to this instruction set (avx2: see bart_opt.bench.isa)")
+    p.add_argument("--engines", type=lambda text: [e for e in text.split(",") if e],
+                   help="with --peers: only these rows, by label (e.g. 'transformers float32,bart_opt int8')")
     p.add_argument("--json", dest="json_path", help="write the results as JSON here")
     p.add_argument("--plot", dest="plot_path", help="write a PNG: memory bars and memory over one generate call")
     args = p.parse_args(argv)
@@ -103,6 +112,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown task(s) {', '.join(unknown)}; choose from {', '.join(TASKS)}")
     peers = bool(args.peers)
+    if args.quantize and (peers or args.device not in ("cpu", "auto")):
+        p.error("--quantize is for bart_opt against transformers on a CPU (--peers has its own int8 rows)")
+    if (args.isa != "native" or args.engines) and not peers:
+        p.error("--isa and --engines go with --peers")
+    args.skip_exact = args.skip_exact or bool(args.quantize)  # exact mode is float arithmetic: int8 refuses it
     args.size = args.size or ("base" if peers else "large")
     args.repeats = (3 if peers else 1) if args.repeats is None else args.repeats
     args.eos_bias = (DEFAULT_PEERS_EOS_BIAS if peers else 0.0) if args.eos_bias is None else args.eos_bias
@@ -132,9 +146,10 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: bool = True,
-                 static: bool = False, el_attention: bool = False) -> dict[str, torch.nn.Module]:
+                 quantize: str | None = None, static: bool = False,
+                 el_attention: bool = False) -> dict[str, torch.nn.Module]:
     """The engines from the same folder: transformers' BartForConditionalGeneration and bart_opt.Bart
-    (one model object for all of its modes: the weights are loaded once)."""
+    (one model object for all of its modes: the weights are loaded once), quantized as `quantize` says."""
     from transformers import BartForConditionalGeneration
     from transformers.utils import logging as hf_logging
 
@@ -143,7 +158,7 @@ def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: b
     hf_logging.set_verbosity_error()  # e.g. "max_new_tokens and max_length both set": expected here
     hf_logging.disable_progress_bar()
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()
-    ours = Bart.from_pretrained(folder, device=device, dtype=dtype).eval()
+    ours = Bart.from_pretrained(folder, device=device, dtype=dtype, quantize=quantize).eval()
     engines = {"transformers": hf, "bart_opt": ours}
     if exact:
         engines["bart_opt_exact"] = ours
@@ -155,11 +170,11 @@ def load_engines(folder: str, device: torch.device, dtype: torch.dtype, exact: b
 
 
 def weights_bytes(model: torch.nn.Module) -> int:
-    """Bytes of parameters and buffers, tied tensors counted once."""
+    """Bytes of parameters and buffers, tied tensors counted once, and of int8 weights packed outside them."""
     seen: dict[int, int] = {}
     for t in [*model.parameters(), *model.buffers()]:
         seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    return sum(seen.values())
+    return sum(seen.values()) + packed_bytes(model)
 
 
 def make_batch(config, batch_size: int, max_len: int, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
@@ -363,10 +378,14 @@ def describe_batches(config: dict) -> str:
 def format_tables(config: dict, results: list[dict], ratios: dict, overhead: dict | None) -> str:
     """Markdown: one row per engine and task, then the ratios, then logging overhead."""
     lines = [
-        f"### bart-opt bench: {config['model']} on {config['device']} ({config['dtype']}), {describe_batches(config)}",
-        f"weights: {format_bytes(results[0]['weights_bytes'])} per engine; memory = peak above weights and inputs "
+        f"### bart-opt bench: {config['model']} on {config['device']} ({config['dtype']}"
+        + (f", bart_opt {config['quantize']}" if config.get("quantize") else "") + f"), {describe_batches(config)}",
+        "weights: " + ", ".join(f"{r['engine']} {format_bytes(r['weights_bytes'])}" for r in results
+                                if r["task"] == results[0]["task"] and r["engine"] != "bart_opt_exact")
+        + "; memory = peak above weights and inputs "
         f"({results[0]['peak_source']}); time = " + (f"best of {config['repeats']} timed run(s)" if config["repeats"]
                                                  else "the memory run (counter on)"),
+        *([f"CPU: {hardware.probe().describe()}"] if config.get("cpu") else []),
         "",
         "| task | engine | peak memory | seconds | samples/s | generated tokens/s |",
         "|---|---|---:|---:|---:|---:|",
@@ -491,8 +510,8 @@ def _bench(args) -> int:
     with tempfile.TemporaryDirectory(prefix="bart-opt-bench-") as tmp:
         folder = args.model or build_random_checkpoint(tmp, args.size, args.seed, args.eos_bias)
         try:
-            engines = load_engines(folder, device, dtype, exact=not args.skip_exact, static=args.static,
-                                   el_attention=args.el_attention)
+            engines = load_engines(folder, device, dtype, exact=not args.skip_exact, quantize=args.quantize,
+                                   static=args.static, el_attention=args.el_attention)
         except (OSError, ValueError) as exc:
             print(f"bart-opt bench: cannot load {folder}: {exc}", file=sys.stderr)
             return 2
@@ -505,13 +524,14 @@ def _bench(args) -> int:
         "model": args.model or f"random {args.size}", "size": None if args.model else args.size,
         "shape": {k: getattr(cfg, k) for k in ("d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
                                                 "decoder_ffn_dim", "vocab_size", "max_position_embeddings")},
-        "device": str(device), "dtype": args.dtype, "batch_size": args.batch_size, "max_len": args.max_len,
+        "device": str(device), "dtype": args.dtype, "quantize": args.quantize, "batch_size": args.batch_size, "max_len": args.max_len,
         "lengths": [max(3, round(args.max_len * LENGTH_FRACTIONS[i % 6])) for i in range(args.batch_size)],
         "tasks": args.tasks, "repeats": args.repeats, "generate_9_settings": STEP_SETTINGS,
         "throughput_settings": CNN_SETTINGS, "throughput_batch_size": args.throughput_batch_size or args.batch_size,
         "throughput_max_len": args.throughput_max_len or args.max_len, "hf_forward_use_cache": not args.hf_no_cache,
         "hf_attn_implementation": getattr(engines["transformers"].config, "_attn_implementation", None),
         "eos_bias": args.eos_bias, "el_attention": args.el_attention, "threads": torch.get_num_threads(),
+        "cpu": hardware.probe().as_dict() if device.type == "cpu" else None,
         "torch": torch.__version__, "transformers": transformers.__version__,
     }
     results, plot_log = _run_all(args, engines, device)

@@ -248,3 +248,38 @@ def test_static_combines_with_the_default_and_fast_but_not_exact(demo_checkpoint
     with pytest.raises(ValueError, match="static and exact exclude each other: exact is on"):
         model.static = True
     assert model.exact and not model.static
+
+
+def test_exact_forward_equals_transformers_under_avx2_limits(make_checkpoint):
+    """Exact mode's logits bit for bit with every library limited to AVX2 (`bart_opt.hardware.AVX2_LIMITS`, a
+    fresh process): MKL's AVX2 code rounds one fused Q/K/V product otherwise than three, and a row of packed
+    inputs otherwise than of the padded batch (7e-7 and 2.5e-6 apart here), so exact mode does neither there."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from bart_opt.hardware import AVX2_LIMITS
+
+    path = make_checkpoint(init_std=0.2)
+    code = f"""
+import json, torch
+from transformers import BartForConditionalGeneration
+from bart_opt import Bart, hardware
+from tests.bart_opt.reference import batch
+torch.set_num_threads(1)
+ids, mask = batch({path!r}, (2, 9, 4, 6), seed=0)
+dec = ids[:, :20]
+hf = BartForConditionalGeneration.from_pretrained({path!r}).eval()
+ours = Bart.from_pretrained({path!r}, exact=True)
+short, short_mask = batch({path!r}, (1, 4, 2), seed=0)  # packed rows in the other modes
+with torch.inference_mode():
+    same = torch.equal(hf(input_ids=ids, attention_mask=mask, decoder_input_ids=dec).logits,
+                       ours(ids, attention_mask=mask, decoder_input_ids=dec))
+    same = same and torch.equal(hf(input_ids=short, attention_mask=short_mask).logits, ours(short, short_mask))
+print(json.dumps({{"isa": hardware.probe().isa, "same": same}}))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **AVX2_LIMITS},
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert json.loads(run.stdout.splitlines()[-1]) == {"isa": "AVX2", "same": True}

@@ -6,6 +6,7 @@ import json
 
 import torch
 
+from bart_opt import hardware
 from bart_opt.cli import main
 
 
@@ -30,6 +31,13 @@ def test_check_passes_on_cpu_and_writes_its_report(tmp_path, capsys):
     assert checks["service"]["data"]["status"] == 200
     printed = capsys.readouterr().out
     assert "| parity small float32 | pass |" in printed and "| service | pass |" in printed
+    cpu = hardware.probe()
+    assert f"CPU: {cpu.describe()}" in printed and f"torch ISA {torch.backends.cpu.get_cpu_capability()}" in printed
+    assert "avx512_bf16 " in printed and "amx_bf16 " in printed
+    for mode, verdict in hardware.fast_modes(cpu).items():
+        assert f"| {mode} | {verdict} |" in printed
+    assert report["cpu"]["torch_isa"] == torch.backends.cpu.get_cpu_capability()
+    assert report["cpu"]["modes"] == hardware.fast_modes(cpu) and report["cpu"]["isa"] == cpu.isa
 
 
 def test_cuda_memory_cap_accepts_a_device_without_an_index(monkeypatch):

@@ -78,6 +78,35 @@ def test_the_title_names_the_throughput_batch_when_it_differs():
     assert bench.describe_batches(config) == "6 inputs padded to 1024 tokens"
 
 
+def test_quantize_int8_benchmarks_the_int8_mode_without_exact_mode(tmp_path, capsys):
+    out_json = tmp_path / "bench.json"
+    status = bench.main(["--size", "tiny", "--device", "cpu", "--max-len", "48", "--batch-size", "3", "--repeats", "0",
+                         "--threads", "1", "--tasks", "generate_9", "--skip-overhead", "--quantize", "int8",
+                         "--json", str(out_json)])
+    assert status == 0
+    payload = json.loads(out_json.read_text())
+    assert payload["config"]["quantize"] == "int8"
+    rows = {r["engine"]: r for r in payload["results"]}
+    assert set(rows) == {"transformers", "bart_opt"}  # exact mode is float arithmetic: int8 refuses it
+    # The int8 weights, packed outside torch's tensors, are counted: about a third of float32's at this shape.
+    assert 0.2 < rows["bart_opt"]["weights_bytes"] / rows["transformers"]["weights_bytes"] < 0.45
+    assert rows["bart_opt"]["generated_tokens"] == rows["transformers"]["generated_tokens"] > 0
+    assert "(float32, bart_opt int8)" in capsys.readouterr().out
+
+
+def test_quantize_is_refused_where_it_cannot_run(capsys):
+    for argv in (["--quantize", "int8", "--peers", "ctranslate2"], ["--quantize", "int8", "--device", "cuda"],
+                 ["--quantize", "int4"]):
+        try:
+            bench.main(argv)
+        except SystemExit as stop:
+            assert stop.code == 2
+        else:
+            raise AssertionError(f"{argv} was accepted")
+    err = capsys.readouterr().err
+    assert "--quantize is for bart_opt against transformers on a CPU" in err and "invalid choice: 'int4'" in err
+
+
 def test_el_attention_adds_its_rows_and_ratios(tmp_path):
     out_json = tmp_path / "bench.json"
     status = bench.main(["--size", "tiny", "--device", "cpu", "--max-len", "48", "--batch-size", "3", "--repeats", "0",

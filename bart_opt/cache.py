@@ -139,8 +139,7 @@ class StaticKVCache:
         position of each row's history: (N, H, 1, d)."""
         kv = self.kv[layer]  # (L, N, 2, H, d)
         length, rows = kv.shape[:2]
-        kv[:, :, 0].index_copy_(0, self.position, k.permute(2, 0, 1, 3))  # (1, N, H, d) at `position`
-        kv[:, :, 1].index_copy_(0, self.position, v.permute(2, 0, 1, 3))
+        kv.index_copy_(0, self.position, torch.stack((k, v), 3).permute(2, 0, 3, 1, 4))  # (1, N, 2, H, d) at `position`
         read = kv.view(length * rows, *kv.shape[2:]).index_select(0, self._index.view(-1))  # (N*L, 2, H, d)
         read = read.view(rows, length, *kv.shape[2:]).permute(2, 0, 3, 1, 4)  # (2, N, H, L, d)
         return F.scaled_dot_product_attention(q, read[0], read[1], attn_mask=self.bias, scale=scale)

@@ -4,6 +4,8 @@ that `torch.compile(fullgraph=True)` takes."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -131,14 +133,29 @@ def test_host_syncs_are_one_per_check_plus_a_constant(make_checkpoint):
     assert all(name.split(": ")[1] == "item" for name in static.syncs if not name.startswith("prepare"))
 
 
+@pytest.mark.parametrize("short", [False, True], ids=["articles", "six-tokens"])
 @pytest.mark.parametrize("el_attention", [False, True], ids=["standard", "el"])
-def test_static_decoder_step_compiles_fullgraph_with_the_same_logits(make_checkpoint, el_attention):
+def test_static_decoder_step_compiles_fullgraph_with_the_same_logits(make_checkpoint, monkeypatch, el_attention,
+                                                                     short):
     """`torch.compile(fullgraph=True)` (inductor, on the CPU) of the static decoder step, over either
     cross-attention state (`bart_opt.el_attention`): no graph break, the same logits as eager over
-    several steps, and the same cache state."""
+    several steps, and the same cache state. `six-tokens`: a (2, 6) batch, where inductor's code for the
+    cache write as two `index_copy_` into strided views of the layer's tensor corrupted the heap
+    ("malloc(): unaligned tcache chunk detected"); the cache writes one (1, N, 2, H, d) slab instead."""
+    if "ATEN_CPU_CAPABILITY" in os.environ:
+        # Under the AVX2 emulation (bart_opt.hardware.AVX2_LIMITS) on an AVX-512 machine inductor emits AVX2
+        # code over linear weights oneDNN packed for the machine's AVX-512: every logit is NaN (with
+        # ATEN_CPU_CAPABILITY=avx2 alone too), while eager and inductor without prepacking agree to 2e-6.
+        # The emulation is not faithful there; prepacking is inductor's choice, not a property of the step.
+        monkeypatch.setattr(torch._inductor.config.cpp, "weight_prepack", False)
     path = make_checkpoint(init_std=0.2, d_model=32, encoder_layers=1, decoder_layers=2)
     model = Bart.from_pretrained(path, static=True, el_attention=el_attention)
-    ids, mask = batch(path, (2, 4), seed=1)
+    if short:
+        ids = torch.randint(4, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+        mask = torch.ones_like(ids)
+        mask[1, 4:] = 0
+    else:
+        ids, mask = batch(path, (2, 4), seed=1)
     beams = 2
     c = model.config
 
@@ -180,15 +197,29 @@ def test_the_static_search_takes_no_graphs_off_cuda(make_checkpoint, monkeypatch
     assert static_generation.StepGraphs(lambda: None, torch.device("cpu")).graphs is False
 
 
-# The d256 batch of tests/bart_opt/test_fidelity.py (the first 8 inputs of the published fidelity workload):
-# the static search's identical outputs among these 8, against the default in each layout, in the published
-# measurement (`python -m bart_opt.bench.fidelity --static --shape d256 --threads 1`, docs/gpu.md), and the
-# largest transformers score gap of an output that differed there (over all 40 inputs).
-PUBLISHED_STATIC_IDENTICAL = {("float32", "beam"): 8, ("float32", "greedy"): 8, ("float16", "beam"): 6,
-                              ("float16", "greedy"): 7, ("bfloat16", "beam"): 0, ("bfloat16", "greedy"): 3}
-PUBLISHED_STATIC_MAX_SCORE_GAP = {("float32", "beam"): 0.0, ("float32", "greedy"): 0.0, ("float16", "beam"): 2.2e-3,
-                                  ("float16", "greedy"): 4.1e-3, ("bfloat16", "beam"): 8.7e-3,
-                                  ("bfloat16", "greedy"): 8.5e-3}
+# The d256 batch of tests/bart_opt/test_fidelity.py (the first 8 inputs of the published fidelity workload),
+# per CPU capability (torch.backends.cpu.get_cpu_capability()): the static search's identical outputs among
+# these 8 against the default (the fewer of the two layouts), and the largest transformers score gap of an
+# output that differed in the published measurement over all 40 inputs
+# (`python -m bart_opt.bench.fidelity --static --shape d256 --threads 1`, docs/gpu.md). AVX512: the Xeon
+# (Sapphire Rapids class) with AVX512_BF16 and AMX; AVX2: the same machine under bart_opt.hardware.AVX2_LIMITS.
+# Another capability is held to no count and to the larger published gap.
+PUBLISHED_STATIC = {
+    "AVX512": {("float32", "beam"): (8, 0.0), ("float32", "greedy"): (8, 0.0), ("float16", "beam"): (6, 2.2e-3),
+               ("float16", "greedy"): (7, 4.1e-3), ("bfloat16", "beam"): (0, 8.7e-3),
+               ("bfloat16", "greedy"): (3, 8.5e-3)},
+    "AVX2": {("float32", "beam"): (8, 0.0), ("float32", "greedy"): (8, 0.0), ("float16", "beam"): (4, 2.2e-3),
+             ("float16", "greedy"): (5, 4.5e-3), ("bfloat16", "beam"): (0, 1.01e-2),
+             ("bfloat16", "greedy"): (0, 3.9e-3)},
+}
+
+
+def published_static(key: tuple[str, str]) -> tuple[int, float]:
+    """This CPU capability's (identical among the 8, largest gap) for `key`; see PUBLISHED_STATIC."""
+    figures = PUBLISHED_STATIC.get(torch.backends.cpu.get_cpu_capability())
+    if figures is not None:
+        return figures[key]
+    return 0, max(table[key][1] for table in PUBLISHED_STATIC.values())
 
 
 @pytest.fixture(scope="module")
@@ -238,8 +269,9 @@ def test_wide_padded_batch_keeps_the_published_agreement_with_the_default(wide, 
 
     key = (wide["dtype"], search)
     expected, got = wide[search, layout], wide[search, "static"]
+    floor, bound = published_static(key)
     identical = sum(a == b for a, b in zip(expected, got))
-    assert identical >= PUBLISHED_STATIC_IDENTICAL[key], f"{identical}/8 {key} against the {layout}"
+    assert identical >= floor, f"{identical}/8 {key} against the {layout}"
     if identical == len(got):
         return
     hf = BartForConditionalGeneration.from_pretrained(wide["path"], dtype=getattr(torch, wide["dtype"])).eval()
@@ -248,4 +280,4 @@ def test_wide_padded_batch_keeps_the_published_agreement_with_the_default(wide, 
         if a != b:
             gap = abs(sequence_score(hf, wide["inputs"][i], a, spec, "cpu")
                       - sequence_score(hf, wide["inputs"][i], b, spec, "cpu"))
-            assert gap <= PUBLISHED_STATIC_MAX_SCORE_GAP[key], (key, layout, i, gap)
+            assert gap <= bound, (key, layout, i, gap)

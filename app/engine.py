@@ -135,6 +135,14 @@ class Engine:
         return str(self.summarizer.device) if self.summarizer is not None else None
 
     @property
+    def dtype(self) -> tuple[str, str | None] | None:
+        """The model's dtype (``"float32"``) and why it was chosen (`bart_opt.hardware.choose_dtype`),
+        None before it is loaded."""
+        if self.summarizer is None:
+            return None
+        return str(self.summarizer.model.dtype).removeprefix("torch."), self.summarizer.dtype_reason
+
+    @property
     def fingerprint(self) -> Fingerprint | None:
         """The loaded checkpoint's fingerprint (`bart_opt.fingerprint`); None before it is loaded
         or when the model came from elsewhere than a checkpoint folder."""

@@ -60,6 +60,11 @@ class SummarizeService:
         return self.engine.device
 
     @property
+    def dtype(self) -> tuple[str, str | None] | None:
+        """The model's dtype and why (`Engine.dtype`)."""
+        return self.engine.dtype
+
+    @property
     def fingerprint(self) -> Fingerprint | None:
         """The loaded checkpoint's fingerprint (`Engine.fingerprint`)."""
         return self.engine.fingerprint

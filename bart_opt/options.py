@@ -34,6 +34,8 @@ from bart_opt.errors import InvalidRequest
 if TYPE_CHECKING:
     import torch
 
+    from bart_opt.hardware import DtypeChoice
+
 DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
 _COUNTS = ("max_batch_tokens", "max_batch_size", "max_beams", "torch_threads")  # integers >= 1 (or None)
 
@@ -73,6 +75,9 @@ class EngineOptions:
     el_attention: bool = option(False, "EL-attention: cross-attention keeps one copy of the encoder output for every "
                                        "layer and beam (the least memory; slower on a CPU); the default's ids up to "
                                        "near-ties (not with --exact)", engine=True)
+    quantize: str | None = option(None, "'int8': weights quantized per output channel at load, activations "
+                                        "dynamically (CPU only; not with --exact; docs/cpu.md)",
+                                  engine=True, choices=("int8",))
     max_batch_tokens: int = option(32768, "token budget of one model call: longest input x texts x beams",
                                    service=16384)  # the seed's 8 inputs x 1024 tokens x 4 beams
     max_batch_size: int = option(64, "most texts in one model call", service=32)
@@ -123,12 +128,16 @@ class EngineOptions:
             raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here; use 'cpu'")
         return device
 
-    def torch_dtype(self, device: torch.device) -> torch.dtype:
-        """The dtype on `device`: ``auto`` is float16 on CUDA and float32 elsewhere
+    def dtype_choice(self, device: torch.device) -> DtypeChoice:
+        """The dtype on `device` and why: ``auto`` is float16 on CUDA and float32 elsewhere
         (`bart_opt.hardware.choose_dtype`, which logs the choice and warns of an emulated bfloat16)."""
         from bart_opt import hardware
 
-        return hardware.choose_dtype(self.dtype, device).dtype
+        return hardware.choose_dtype(self.dtype, device)
+
+    def torch_dtype(self, device: torch.device) -> torch.dtype:
+        """The dtype of `dtype_choice`."""
+        return self.dtype_choice(device).dtype
 
     def engine_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``Bart.from_pretrained`` (the fields marked ``engine``)."""

@@ -82,6 +82,7 @@ class Summarizer:
         oom_errors: tuple[type[BaseException], ...] = DEFAULT_OOM_ERRORS,
         before_model_call: Callable[[list[int]], None] | None = None,
         count_cpu_tensors: bool = True,
+        dtype_reason: str | None = None,
     ):
         if max_batch_tokens < 1 or max_batch_size < 1:
             raise ValueError(f"max_batch_tokens and max_batch_size must be >= 1, got {max_batch_tokens}, {max_batch_size}")
@@ -89,6 +90,7 @@ class Summarizer:
         self.tokenizer = tokenizer
         self.tokens = TokenizerPool(tokenizer)  # `encode` and decoding may run on any thread
         self.name = name
+        self.dtype_reason = dtype_reason  # why the model runs in its dtype (`bart_opt.hardware.choose_dtype`)
         self.max_batch_tokens = max_batch_tokens
         self.max_batch_size = max_batch_size
         self.max_beams = max_beams
@@ -144,12 +146,12 @@ class Summarizer:
         device = options.torch_device()
         folder = resolve_checkpoint(options.model)
         tokenizer = load_tokenizer(folder)
-        model = Bart.from_pretrained(str(folder), device=device, dtype=options.torch_dtype(device),
-                                     **options.engine_kwargs())
+        dtype = options.dtype_choice(device)
+        model = Bart.from_pretrained(str(folder), device=device, dtype=dtype.dtype, **options.engine_kwargs())
         check_tokenizer(tokenizer, model.config, model.generation_config)
         return cls(model, tokenizer, name=options.model, max_batch_tokens=options.max_batch_tokens,
                    max_batch_size=options.max_batch_size, max_beams=options.max_beams,
-                   count_cpu_tensors=options.count_cpu_tensors, **hooks)
+                   count_cpu_tensors=options.count_cpu_tensors, dtype_reason=dtype.reason, **hooks)
 
     @property
     def device(self) -> torch.device:

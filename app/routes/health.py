@@ -44,6 +44,10 @@ class Ready(BaseModel):
     status: str = Field(description="``ready``, or ``degraded`` while the jobs database is damaged (see warnings)")
     model: str
     device: str
+    dtype: str = Field(description="The dtype the model runs in (float32, float16, bfloat16)")
+    dtype_reason: str | None = Field(
+        None, description="Why: dtype=auto's choice for this device and processor, or the warning an explicit "
+        "bfloat16 gets on a CPU without native bfloat16")
     fingerprint: str | None = Field(
         description="sha256 over the checkpoint's files as loaded (weights, config, generation config, tokenizer)")
     warnings: list[ReadyWarning] = Field(description="Operator faults in effect; the service runs without what they name")
@@ -73,6 +77,7 @@ async def ready(request: Request) -> dict:
     service.check_ready()
     damage = request.app.state.jobs.damage()
     fingerprint = service.fingerprint
+    dtype, dtype_reason = service.dtype
     return {"status": "ready" if damage is None else "degraded", "model": service.model_name, "device": service.device,
-            "fingerprint": None if fingerprint is None else str(fingerprint),
+            "dtype": dtype, "dtype_reason": dtype_reason, "fingerprint": None if fingerprint is None else str(fingerprint),
             "warnings": startup.warnings(request.app.state.settings) + ([damage] if damage else [])}

@@ -82,17 +82,28 @@ def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(mo
 
 def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
     from app.settings import engine_settings
-    from tests.bart_opt.test_options import WithQuantize
+    from tests.bart_opt.test_options import WithKvDtype
 
-    class QuantizeSettings(engine_settings(WithQuantize)):
+    class KvDtypeSettings(engine_settings(WithKvDtype)):
         model_config = Settings.model_config
 
-    assert QuantizeSettings().quantize is None
+    assert KvDtypeSettings().kv_dtype is None
+    monkeypatch.setenv("BART_OPT_KV_DTYPE", "int8")
+    assert KvDtypeSettings().kv_dtype == "int8"
+    monkeypatch.setenv("BART_OPT_KV_DTYPE", "int4")
+    with pytest.raises(ValidationError, match="kv_dtype"):
+        KvDtypeSettings()
+
+
+def test_bart_opt_quantize_reaches_the_model(monkeypatch, demo_checkpoint):
+    from app.engine import load_summarizer
+
     monkeypatch.setenv("BART_OPT_QUANTIZE", "int8")
-    assert QuantizeSettings().quantize == "int8"
+    settings = Settings(model=demo_checkpoint, device="cpu")
+    assert settings.quantize == "int8" and load_summarizer(settings).model.quantize == "int8"
     monkeypatch.setenv("BART_OPT_QUANTIZE", "int4")
     with pytest.raises(ValidationError, match="quantize"):
-        QuantizeSettings()
+        Settings(model=demo_checkpoint)
 
 
 @pytest.mark.parametrize("mode", ["static", "el_attention"])

@@ -319,3 +319,15 @@ def test_summarize_with_lead_3(tmp_path, capsys):
     path.write_text(json.dumps({"id": "x", "text": "One. Two. Three. Four."}) + "\n")
     assert main(["summarize", "--model", "lead-3", str(path)]) == 0
     assert json.loads(capsys.readouterr().out) == {"id": "x", "summary": "One.\nTwo.\nThree."}
+
+
+def test_quantize_flag_loads_the_int8_model_on_summarize_and_evaluate(demo_checkpoint, tmp_path, capsys):
+    from bart_opt.cli import build_parser, load_summarizer
+
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"text": "A text."}) + "\n")
+    for command in (["summarize"], ["evaluate", "--data", "x.jsonl", "--out", "o"]):
+        args = build_parser().parse_args([*command, "--model", demo_checkpoint, "--device", "cpu", "--quantize", "int8"])
+        assert load_summarizer(args).model.quantize == "int8"
+    assert main(["summarize", "--model", demo_checkpoint, "--quantize", "int8", "--exact", str(data)]) == 2
+    assert "exclude each other" in capsys.readouterr().err

@@ -124,6 +124,11 @@ PUBLISHED_EL_STATIC_IDENTICAL = {
     "AVX512": {"float32": (8, 8), "float16": (6, 5), "bfloat16": (1, 0)},
     "AVX2": {"float32": (8, 8), "float16": (5, 4), "bfloat16": (0, 1)},
 }
+# Where a capability's published largest gap is above NEAR_TIE: under the AVX2 limits the static search itself
+# differs from the default in bfloat16 beam search by up to 0.0101 (test_static_generation.PUBLISHED_STATIC),
+# and EL-attention's outputs against it by up to 0.0100 over the 40 inputs (docs/el-attention.md); against the
+# default they stay within 0.0029.
+PUBLISHED_EL_STATIC_GAPS = {"AVX2": {("bfloat16", "beam"): 1.01e-2}}
 
 
 @pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
@@ -153,7 +158,7 @@ def test_wide_padded_batch_keeps_the_published_agreement_with_the_static_search(
     hf = BartForConditionalGeneration.from_pretrained(d256, dtype=getattr(torch, wide["dtype"])).eval()
     spec = wide["model"].generation_spec(WORK.settings(1 if search == "greedy" else WORK.num_beams))
     assert_published_agreement(PUBLISHED_EL_STATIC_IDENTICAL, wide["dtype"], search, *wide[search], hf,
-                               wide["inputs"], spec)
+                               wide["inputs"], spec, PUBLISHED_EL_STATIC_GAPS)
 
 
 def test_the_fidelity_bench_measures_the_static_search_with_el_attention(tmp_path, capsys):

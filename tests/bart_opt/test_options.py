@@ -14,10 +14,10 @@ from bart_opt.summarizer import Summarizer
 
 
 @dataclasses.dataclass(frozen=True)
-class WithQuantize(EngineOptions):
+class WithKvDtype(EngineOptions):
     """EngineOptions with one more engine option, as the lead adds one: a single line."""
 
-    quantize: str | None = option(None, "weights in int8", engine=True, choices=("int8",))
+    kv_dtype: str | None = option(None, "the self-attention cache in int8", engine=True, choices=("int8",))
 
 
 def parse(argv: list[str], options: type[EngineOptions] = EngineOptions) -> EngineOptions:
@@ -44,16 +44,16 @@ def test_exact_and_fast_exclude_each_other_and_the_model_is_required(capsys):
 
 
 def test_a_new_field_is_one_line_a_flag_and_an_engine_argument(capsys):
-    assert parse(["--model", "m", "--static", "--quantize", "int8"], WithQuantize) == WithQuantize(
-        model="m", static=True, quantize="int8")
-    assert parse(["--model", "m"], WithQuantize).quantize is None
-    assert WithQuantize(model="m", static=True, fast=True).engine_kwargs() == {
-        "exact": False, "fast": True, "static": True, "el_attention": False, "quantize": None}
+    assert parse(["--model", "m", "--static", "--kv-dtype", "int8"], WithKvDtype) == WithKvDtype(
+        model="m", static=True, kv_dtype="int8")
+    assert parse(["--model", "m"], WithKvDtype).kv_dtype is None
+    assert WithKvDtype(model="m", static=True, fast=True).engine_kwargs() == {
+        "exact": False, "fast": True, "static": True, "el_attention": False, "quantize": None, "kv_dtype": None}
     with pytest.raises(SystemExit):
-        parse(["--model", "m", "--quantize", "int4"], WithQuantize)
+        parse(["--model", "m", "--kv-dtype", "int4"], WithKvDtype)
     assert "invalid choice: 'int4'" in capsys.readouterr().err
-    with pytest.raises(InvalidRequest, match="quantize: must be one of int8, got 'int4'"):
-        WithQuantize(quantize="int4")
+    with pytest.raises(InvalidRequest, match="kv_dtype: must be one of int8, got 'int4'"):
+        WithKvDtype(kv_dtype="int4")
 
 
 @pytest.mark.parametrize(("field", "value"), [("device", "gpu"), ("device", "cpu:1"), ("device", "cuda:x"),
@@ -99,8 +99,22 @@ def test_static_and_el_attention_are_flags_and_keywords_of_the_model(demo_checkp
     flag = "--" + mode.replace("_", "-")
     assert getattr(parse(["--model", "m"]), mode) is False
     kwargs = parse(["--model", "m", flag, "--fast"]).engine_kwargs()
-    assert kwargs == {"exact": False, "fast": True, "static": False, "el_attention": False, mode: True}
+    assert kwargs == {"exact": False, "fast": True, "static": False, "el_attention": False, "quantize": None, mode: True}
     assert getattr(Summarizer.from_pretrained(demo_checkpoint, device="cpu", **{mode: True}).model, mode) is True
     assert getattr(Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu")).model, mode) is False
     with pytest.raises(ValueError, match=f"{mode} and exact exclude each other"):
         Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, **{mode: True})
+
+
+def test_quantize_int8_is_a_flag_with_choices_and_a_keyword_of_the_model(demo_checkpoint, capsys):
+    assert parse(["--model", "m"]).quantize is None
+    assert parse(["--model", "m", "--quantize", "int8", "--el-attention"]).engine_kwargs()["quantize"] == "int8"
+    with pytest.raises(SystemExit):
+        parse(["--model", "m", "--quantize", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    with pytest.raises(InvalidRequest, match="quantize: must be one of int8, got 'int4'"):
+        EngineOptions(quantize="int4")
+    summarizer = Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu", quantize="int8"))
+    assert summarizer.model.quantize == "int8"
+    with pytest.raises(ValueError, match="exclude each other"):
+        Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, quantize="int8")

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bart_opt import Bart
+from bart_opt import Bart, hardware
 
 from tests.app.helpers import FAST, Gate, async_serving, serving, until
 from tests.app.jobs.helpers import data_dir, make_jobs_app  # noqa: F401 - fixtures
@@ -25,7 +25,8 @@ def test_health_and_ready_once_loaded(client, make_app, tmp_path):
     assert not Path(settings.data_dir).is_dir()  # the default ./data is not there where the tests run
     # A local checkpoint is shown by its folder name: no server path leaves the service.
     assert ready.json() == {
-        "status": "ready", "model": Path(settings.model).name, "device": "cpu",
+        "status": "ready", "model": Path(settings.model).name, "device": "cpu", "dtype": "float32",
+        "dtype_reason": hardware.choose_dtype("auto", "cpu").reason,  # says this processor's ISA and why
         "fingerprint": str(Bart.from_pretrained(settings.model).fingerprint),
         "warnings": [{"code": "data_dir_missing", "message": "the data directory BART_OPT_DATA_DIR (./data) does not "
                       "exist or is not a folder: evaluation jobs on files are refused until it is created"}],

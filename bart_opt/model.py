@@ -68,7 +68,6 @@ from bart_opt.spec import GenerationSpec
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
 FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
-LOGITS_CHUNK = 2048  # vocabulary rows per product in exact mode's logits (see `Bart.logits`)
 _EXCLUDES = {"exact": ("fast", "static", "el_attention"), "fast": ("exact",), "static": ("exact",),
              "el_attention": ("exact",)}  # modes that cannot be on together
 
@@ -512,23 +511,17 @@ class Bart(LoggingMixin, nn.Module):
 
         The default mode in float32 on a CPU lets oneDNN add the bias in the product
         (`bart_opt.kernels`). Otherwise the bias is added afterwards, as transformers adds it (in
-        half precision adding it inside the product rounds differently); exact mode on a CPU
-        also runs MKL's product over column
-        blocks of the vocabulary: every logit is the same dot product, bit for bit at every row
-        count measured, and the blocks stay in cache (1.6x faster at 48 rows by 50k columns).
+        half precision adding it inside the product rounds differently). Exact mode runs the one
+        product transformers runs: MKL's product over column blocks of the vocabulary (1.6x faster
+        at 48 rows by 50k columns) gave other bits for one row on two threads, and for 48 rows in
+        MKL's AVX2 code.
         """
         if self.vocab_int8 is not None:
             return self.vocab_int8(hidden)
         weight, bias = self.shared.weight, self.final_logits_bias[0]  # (V, D), (V,)
         if not self.exact and hidden.dtype == torch.float32 and uses_onednn(hidden):
             return linear(hidden, weight, bias, fast=True)
-        if not self.exact or hidden.device.type != "cpu":
-            out = F.linear(hidden, weight)
-        else:
-            out = hidden.new_empty(*hidden.shape[:-1], weight.shape[0])  # (..., V)
-            for start in range(0, weight.shape[0], LOGITS_CHUNK):
-                block = weight[start : start + LOGITS_CHUNK]  # (C, D)
-                out[..., start : start + block.shape[0]] = F.linear(hidden, block)
+        out = F.linear(hidden, weight)  # (..., V)
         out += bias
         return out
 

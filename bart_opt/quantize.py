@@ -142,8 +142,6 @@ def quantize_model(model) -> list[torch.Tensor]:
     """Quantize `model`'s layers in place (see the module docstring); float32 weights in.
 
     Returns the float tensors it replaced, for the caller to release (`bart_opt.loading.release_pages`)."""
-    from bart_opt.model import DecoderLayer
-
     replaced: list[torch.Tensor] = []
 
     def int8(linear: nn.Linear) -> Int8Linear:
@@ -159,9 +157,9 @@ def quantize_model(model) -> list[torch.Tensor]:
         for name in attn.fused:
             delattr(attn, name)
         attn.fused_weight = attn.fused_bias = None
-        if isinstance(layer, DecoderLayer):
-            cross = layer.encoder_attn
-            cross.q_proj, cross.out_proj = int8(cross.q_proj), int8(cross.out_proj)
+    for layer in model.decoder.layers:  # cross-attention: the query and output products (its K/V stay float)
+        cross = layer.encoder_attn
+        cross.q_proj, cross.out_proj = int8(cross.q_proj), int8(cross.out_proj)
     model.vocab_int8 = Int8Vocabulary(model.shared.weight, model.final_logits_bias[0])
     replaced.append(model.shared.weight)
     del model.shared

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from bart_opt import Bart, native
 from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded
 from bart_opt.config import UnsupportedConfigError
-from bart_opt.model import Attention
+from bart_opt.attention import Attention
 from tests.bart_opt.reference import batch, reference_model
 
 VARIANTS = {

@@ -110,13 +110,13 @@ def layout(mode: str, model) -> Iterator[None]:
 
     model.static = mode == "static"
     forced = mode == "default (GPU layout)"
-    per_input = model_module.attends_per_input
+    per_input = model_module.packing_rules.attends_per_input
     if forced:
-        model_module.attends_per_input = lambda device: False
+        model_module.packing_rules.attends_per_input = lambda device: False
     try:
         yield
     finally:
-        model_module.attends_per_input = per_input
+        model_module.packing_rules.attends_per_input = per_input
         model.static = False
 
 

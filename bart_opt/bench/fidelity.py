@@ -247,18 +247,18 @@ def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: 
     ours = Bart.from_pretrained(folder, device=device, dtype=dtype)
     pad = ours.config.pad_token_id
     inputs = make_inputs(ours.config, work)
-    per_input = model_module.attends_per_input
+    per_input = model_module.packing_rules.attends_per_input
     references = (("static",) if el_attention else ()) + STATIC_REFERENCES
     report: dict = {}
     for name, beams in (("beam", work.num_beams), ("greedy", 1)):
         kwargs = work.settings(beams)
         runs = {"transformers": generate_all(hf, inputs, work.batch_size, kwargs, device, pad),
                 "default (CPU layout)": generate_all(ours, inputs, work.batch_size, kwargs, device, pad)}
-        model_module.attends_per_input = lambda device: False
+        model_module.packing_rules.attends_per_input = lambda device: False
         try:
             runs["default (GPU layout)"] = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)
         finally:
-            model_module.attends_per_input = per_input
+            model_module.packing_rules.attends_per_input = per_input
         ours.static = True
         try:
             runs["static"] = measured = generate_all(ours, inputs, work.batch_size, kwargs, device, pad)

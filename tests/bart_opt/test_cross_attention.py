@@ -63,7 +63,7 @@ def batched(monkeypatch):
     """The default mode with the layout it takes off the CPU: one attention call for the whole batch."""
     import bart_opt.model as model_module
 
-    monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+    monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -73,7 +73,7 @@ def test_batched_layout_attends_like_the_per_input_calls(checkpoint, dtype, monk
     per_input = first_steps_logits(model, ids, mask, beams=3)
     import bart_opt.model as model_module
 
-    monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+    monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
     with torch.inference_mode():
         cross = model.cross_attention(model.encode(ids, mask), mask, beams=3)
     assert type(cross) is cross_attention.BatchedCrossAttention

@@ -36,7 +36,7 @@ def layout(request, monkeypatch) -> str:
     """The layout `Bart.cross_attention` picks: per input (a CPU) or the whole batch at once (off the
     CPU, forced here as the other modes' tests force it)."""
     if request.param == "batched":
-        monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+        monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
     return request.param
 
 
@@ -121,7 +121,7 @@ def test_the_state_is_the_encoder_output_once_and_the_weights_are_views(checkpoi
 
 
 def test_the_batched_state_is_the_padded_encoder_output_and_an_additive_mask(checkpoint, monkeypatch):
-    monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+    monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
     model = load(checkpoint)
     ids, mask = padded_batch()
     with torch.inference_mode():
@@ -150,7 +150,7 @@ def test_keep_attends_for_the_kept_inputs_as_a_state_built_for_them(checkpoint, 
 
 def test_the_batched_call_compiles_as_one_graph(checkpoint, monkeypatch):
     """No graph break (no host sync, no data-dependent Python) in a batched call: fit for captured decoding."""
-    monkeypatch.setattr(model_module, "attends_per_input", lambda device: False)
+    monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
     model = load(checkpoint)
     ids, mask = padded_batch()
     with torch.inference_mode():

@@ -111,7 +111,7 @@ def test_batched_encoder_attention_matches_the_per_input_calls(checkpoint, monke
     keep = mask.bool()
     per_input = encode(model, ids, mask, pack=True)
     calls = []
-    monkeypatch.setattr(model_module, "attends_per_input", lambda device: calls.append(device) or False)
+    monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: calls.append(device) or False)
     batched = encode(model, ids, mask, pack=True)
     assert len(calls) == model.config.encoder_layers
     tol = 1e-4 if dtype == torch.float32 else 2e-2  # masked rather than left-out keys: other rounding

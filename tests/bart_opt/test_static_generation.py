@@ -248,7 +248,7 @@ def wide(request, d256):
         kwargs = work.settings(beams)
         out[search, "CPU layout"] = rows(model.generate(ids, mask, **kwargs))
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(model_module, "attends_per_input", lambda device: False)
+            patch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
             out[search, "GPU layout"] = rows(model.generate(ids, mask, **kwargs))
         model.static = True
         got = model.generate(ids, mask, **kwargs)

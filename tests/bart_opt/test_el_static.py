@@ -12,7 +12,6 @@ import torch
 from transformers import BartForConditionalGeneration
 
 from bart_opt import Bart
-from bart_opt.bench.dispatch import counting
 from bart_opt.bench.fidelity import make_inputs, padded, strip
 from bart_opt.cache import StaticKVCache
 from bart_opt.el_attention import BatchedELCrossAttention
@@ -21,7 +20,7 @@ from tests.bart_opt.reference import batch
 from tests.bart_opt.test_el_attention import WORK, assert_published_agreement, d256  # noqa: F401  (d256: a fixture)
 from tests.bart_opt.test_fidelity import one_thread  # noqa: F401  (autouse: one thread, as the published figures)
 from tests.bart_opt.test_generation import CHECKPOINTS, _steps_and_ids, _unpadded, reference_generate
-from tests.bart_opt.test_static_generation import STATIC_CASES
+from tests.bart_opt.test_static_generation import STATIC_CASES, counted_before_and_after
 
 
 def el_static(path: str, dtype: torch.dtype = torch.float32) -> Bart:
@@ -94,16 +93,7 @@ def test_cancelled_rows_stop_and_the_others_match_transformers(make_checkpoint, 
 
 def test_host_syncs_are_those_of_the_static_search(make_checkpoint):
     """Counted on the CPU: EL-attention adds no host sync to the static search's loop (one a check)."""
-    path = make_checkpoint(init_std=0.2, eos_bias=2.0, decoder_layers=2)
-    ids, mask = batch(path, (1, 5, 2, 3), seed=3)
-    model = Bart.from_pretrained(path, static=True)
-    options = dict(num_beams=4, min_length=0, max_length=40, no_repeat_ngram_size=3)
-    with counting(model) as static:
-        expected = model.generate(ids, mask, **options)
-    model.el_attention = True
-    with counting(model) as el:
-        got = model.generate(ids, mask, **options)
-    assert torch.equal(got, expected)
+    static, el = counted_before_and_after(make_checkpoint, "el_attention", static=True)
     assert el.steps == static.steps > 2 * CHECK_EVERY
     loop = lambda c: {key: n for key, n in c.syncs.items() if not key.startswith("prepare")}  # noqa: E731
     assert loop(el) == loop(static), (el.syncs, static.syncs)

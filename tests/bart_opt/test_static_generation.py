@@ -111,18 +111,25 @@ def test_cancelling_every_row_ends_the_call_as_the_default_does(make_checkpoint,
     assert torch.equal(got, expected) and got.shape[1] == (1 if beams > 1 else 2)
 
 
-def test_host_syncs_are_one_per_check_plus_a_constant(make_checkpoint):
-    """Counted on the CPU: the default reads the device 4 times a step, the static search once a check."""
+def counted_before_and_after(make_checkpoint, switch: str, **modes):
+    """The dispatch counts (`bart_opt.bench.dispatch.counting`) of one beam search on a padded batch of 4 in
+    the modes `modes`, then with `switch` turned on too; asserts both gave the same ids."""
     path = make_checkpoint(init_std=0.2, eos_bias=2.0, decoder_layers=2)
     ids, mask = batch(path, (1, 5, 2, 3), seed=3)
-    model = Bart.from_pretrained(path)
+    model = Bart.from_pretrained(path, **modes)
     options = dict(num_beams=4, min_length=0, max_length=40, no_repeat_ngram_size=3)
-    with counting(model) as default:
+    with counting(model) as before:
         expected = model.generate(ids, mask, **options)
-    model.static = True
-    with counting(model) as static:
+    setattr(model, switch, True)
+    with counting(model) as after:
         got = model.generate(ids, mask, **options)
     assert torch.equal(got, expected)
+    return before, after
+
+
+def test_host_syncs_are_one_per_check_plus_a_constant(make_checkpoint):
+    """Counted on the CPU: the default reads the device 4 times a step, the static search once a check."""
+    default, static = counted_before_and_after(make_checkpoint, "static")
     steps = static.steps
     assert steps == default.steps > 2 * CHECK_EVERY
     loop = lambda c: sum(n for key, n in c.syncs.items() if not key.startswith("prepare"))  # noqa: E731

@@ -34,9 +34,10 @@ def first_steps_logits(model, ids, mask, beams: int, steps: int = 3) -> list[tor
         return out
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_half_precision_keeps_contiguous_keys_values_with_the_same_bits(checkpoint, dtype, monkeypatch):
-    model = Bart.from_pretrained(checkpoint, dtype=dtype)
+@pytest.mark.parametrize("dtype,quantize", [(torch.bfloat16, None), (torch.float16, None), (torch.float32, None),
+                                            (torch.float32, "int8")])
+def test_the_cpu_keeps_contiguous_keys_values_with_the_same_bits(checkpoint, dtype, quantize, monkeypatch):
+    model = Bart.from_pretrained(checkpoint, dtype=dtype, quantize=quantize)
     ids, mask = padded_batch()
     with torch.inference_mode():
         cross = model.cross_attention(model.encode(ids, mask), mask, beams=3)
@@ -52,8 +53,8 @@ def test_half_precision_keeps_contiguous_keys_values_with_the_same_bits(checkpoi
     assert torch.equal(generated, model.generate(ids, mask, num_beams=3, max_length=24, min_length=0))
 
 
-def test_float32_and_other_devices_keep_the_views():
-    assert not cross_attention.stores_compact(torch.zeros(1, 2, 4))
+def test_only_the_cpu_stores_compact_keys_values():
+    assert cross_attention.stores_compact(torch.zeros(1, 2, 4))
     assert cross_attention.stores_compact(torch.zeros(1, 2, 4, dtype=torch.bfloat16))
     assert not cross_attention.stores_compact(torch.zeros(1, 2, 4, dtype=torch.bfloat16, device="meta"))
 

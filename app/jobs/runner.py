@@ -166,10 +166,13 @@ class JobRunner:
                 continue
             try:
                 job = self.store.claim_next(self.owner, self.config.lease_s)
-            except StoreError as error:
+            except Exception as error:  # noqa: BLE001 - the runner thread never dies: accepted jobs wait for it
                 delay = min(max(2 * delay, 0.1), 5.0)
-                logger.warning("could not read the job queue (%s); retrying in %.1f s",
-                               describe_store_error(error), delay)
+                if isinstance(error, StoreError):
+                    logger.warning("could not read the job queue (%s); retrying in %.1f s",
+                                   describe_store_error(error), delay)
+                else:
+                    logger.exception("reading the job queue failed unexpectedly; retrying in %.1f s", delay)
                 self._stop.wait(delay)
                 continue
             delay = 0.0

@@ -223,3 +223,21 @@ def test_a_job_from_before_fingerprints_takes_the_checkpoint_only_if_nothing_is_
     assert half["status"] == "failed" and "predates checkpoint fingerprints" in half["error"]
     assert half["progress"]["done"] == 4 and half["fingerprint"] is None
     assert fresh["status"] == "succeeded" and fresh["fingerprint"] == ready
+
+
+def test_an_unexpected_error_reading_the_queue_is_retried_and_the_runner_lives_on(make_jobs_app, write_jsonl, caplog):
+    write_jsonl("two.jsonl", cnn_rows(2, seed=12))
+    with serving(make_jobs_app()) as client:
+        store = client.app.state.jobs.store
+        real, raised = store.claim_next, []
+
+        def flaky(owner, lease_s):
+            if len(raised) < 2:
+                raised.append(owner)
+                raise RuntimeError("a bug in reading the queue")
+            return real(owner, lease_s)
+
+        store.claim_next = flaky
+        view = wait_for_job(client, submit_file(client, "two.jsonl"))
+    assert len(raised) == 2 and view["status"] == "succeeded" and view["progress"]["done"] == 2
+    assert sum("reading the job queue failed unexpectedly" in r.getMessage() for r in caplog.records) == 2

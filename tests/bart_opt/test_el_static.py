@@ -19,7 +19,7 @@ from bart_opt.static_generation import CHECK_EVERY
 from tests.bart_opt.reference import batch
 from tests.bart_opt.test_el_attention import WORK, assert_published_agreement, d256  # noqa: F401  (d256: a fixture)
 from tests.bart_opt.test_fidelity import one_thread  # noqa: F401  (autouse: one thread, as the published figures)
-from tests.bart_opt.test_generation import CHECKPOINTS, _steps_and_ids, _unpadded, reference_generate
+from tests.bart_opt.test_generation import CHECKPOINTS, _assert_rows_1_and_3_cancelled, _steps_and_ids, reference_generate
 from tests.bart_opt.test_static_generation import STATIC_CASES, counted_before_and_after
 
 
@@ -83,11 +83,7 @@ def test_cancelled_rows_stop_and_the_others_match_transformers(make_checkpoint, 
 
     model = el_static(path)
     rows, got = _steps_and_ids(model, ids, mask, cancelled, **options)
-    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    for row in (0, 2, 4):
-        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
-    for row in (1, 3):
-        assert _unpadded(got[row], pad) == [start]
+    _assert_rows_1_and_3_cancelled(model, got, expected)
     assert rows[0] == 5 * beams and rows[-1] < 5 * beams, "the cancelled rows left with a bucket"
 
 

@@ -239,6 +239,15 @@ def _unpadded(row: torch.Tensor, pad: int) -> list[int]:
     return tokens
 
 
+def _assert_rows_1_and_3_cancelled(model, got: torch.Tensor, expected: torch.Tensor) -> None:
+    """Rows 0, 2 and 4 of `got` equal `expected`'s (padding aside); rows 1 and 3 hold the start token alone."""
+    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
+    for row in (0, 2, 4):
+        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
+    for row in (1, 3):
+        assert _unpadded(got[row], pad) == [start]
+
+
 @pytest.mark.parametrize("beams", [1, 3])
 @pytest.mark.parametrize("lengths", [dict(min_length=12, max_length=12), dict(min_length=0, max_length=20)])
 def test_cancelled_rows_leave_after_the_step_and_the_others_match_transformers(make_checkpoint, beams, lengths):
@@ -257,11 +266,7 @@ def test_cancelled_rows_leave_after_the_step_and_the_others_match_transformers(m
     assert len(polls) == len(rows)  # polled once per decoder step
     assert rows[:2] == [5 * beams] * 2
     assert rows[2] <= 3 * beams  # gone from the very next step
-    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    for row in (0, 2, 4):
-        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
-    for row in (1, 3):
-        assert _unpadded(got[row], pad) == [start]
+    _assert_rows_1_and_3_cancelled(model, got, expected)
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -273,11 +278,7 @@ def test_exact_mode_keeps_cancelled_rows_in_the_batch_and_the_others_bit_for_bit
     model = Bart.from_pretrained(path, exact=True)
     rows, got = _steps_and_ids(model, ids, mask, lambda: {1, 3}, **options)
     assert set(rows) == {5 * beams}  # nobody left the batch
-    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    for row in (0, 2, 4):
-        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
-    for row in (1, 3):
-        assert _unpadded(got[row], pad) == [start]
+    _assert_rows_1_and_3_cancelled(model, got, expected)
 
 
 def test_cancelling_every_row_ends_the_call(make_checkpoint):

@@ -15,7 +15,8 @@ from bart_opt.cache import StaticKVCache
 from bart_opt.static_generation import CHECK_EVERY, bucket
 from tests.bart_opt.reference import batch
 from tests.bart_opt.test_fidelity import one_thread  # noqa: F401  (autouse: one thread, as the published figures)
-from tests.bart_opt.test_generation import CASES, CHECKPOINTS, _steps_and_ids, _unpadded, reference_generate
+from tests.bart_opt.test_generation import (CASES, CHECKPOINTS, _assert_rows_1_and_3_cancelled, _steps_and_ids,
+                                            reference_generate)
 
 # transformers' own settings the default's suite does not cover, against transformers too.
 STATIC_CASES = {
@@ -90,11 +91,7 @@ def test_cancelled_rows_stop_after_the_step_and_the_others_match_transformers(ma
 
     rows, got = _steps_and_ids(model, ids, mask, cancelled, **options)
     assert len(polls) == len(rows)  # polled once per decoder step
-    pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    for row in (0, 2, 4):
-        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
-    for row in (1, 3):
-        assert _unpadded(got[row], pad) == [start]
+    _assert_rows_1_and_3_cancelled(model, got, expected)
     assert rows[0] == 5 * beams and rows[-1] < 5 * beams, "the cancelled rows left with a bucket"
 
 

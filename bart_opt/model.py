@@ -407,9 +407,10 @@ class Bart(LoggingMixin, nn.Module):
         as zeros, which every later attention masks out.
         """
         b, s = input_ids.shape
-        packing = Packing.for_mode(attention_mask, b, s, self.exact, input_ids.device)
         with self.log_phase("encode"):
-            return packing.unpack(self.encoder(self.embed(input_ids), packing))  # (B, S, D)
+            hidden = self.embed(input_ids)  # (B, S, D)
+            packing = Packing.for_mode(attention_mask, b, s, self.exact, hidden.device, hidden.dtype)
+            return packing.unpack(self.encoder(hidden, packing))  # (B, S, D)
 
     def cross_attention(
         self, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1, lazy: bool = False

@@ -43,6 +43,17 @@ def attends_per_input(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def exact_packs(tokens: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether exact mode may pack a batch of `tokens` real tokens: only where a GEMM rounds a row
+    alike at every row count from `EXACT_MIN_ROWS` up, which was measured on a CPU with AVX-512 in
+    float32 and float16. Not in bfloat16 (the AMX Xeon's GEMM at K 768 or more rounds rows otherwise
+    at 32 or 200 rows than at 256), not below AVX-512 (MKL's AVX2 GEMM: exact logits 2.5e-6 apart at
+    the test checkpoints with every library limited to AVX2), not off the CPU (another row count may
+    select another GPU kernel; not measured)."""
+    return (device.type == "cpu" and dtype != torch.bfloat16 and tokens >= EXACT_MIN_ROWS
+            and hardware.probe().avx512)
+
+
 class Packing:
     """Where the real tokens of a (B, S) batch sit among the rows of a packed (N, D) tensor.
 
@@ -70,14 +81,10 @@ class Packing:
 
     @classmethod
     def for_mode(cls, attention_mask: torch.Tensor | None, batch: int, length: int, exact: bool,
-                 device: torch.device) -> Packing:
-        """Packed rows, except in exact mode for a batch under `EXACT_MIN_ROWS` real tokens, off the
-        CPU (where another row count may select another GPU kernel; not measured), or on a CPU below
-        AVX-512 (MKL's AVX2 GEMM rounds a row otherwise at another row count: exact logits 2.5e-6 apart
-        at the test checkpoints with every library limited to AVX2, measured)."""
+                 device: torch.device, dtype: torch.dtype) -> Packing:
+        """Packed rows, except in exact mode where `exact_packs` says another row count may round otherwise."""
         tokens = batch * length if attention_mask is None else int(attention_mask.bool().sum())
-        exact_packs = device.type == "cpu" and tokens >= EXACT_MIN_ROWS and hardware.probe().avx512
-        return cls(attention_mask, batch, length, pack=not exact or exact_packs)
+        return cls(attention_mask, batch, length, pack=not exact or exact_packs(tokens, device, dtype))
 
     def square_mask(self) -> torch.Tensor | None:
         """(B, 1, S, S) bool mask, materialized as transformers materializes it (built once), or None."""

@@ -16,6 +16,15 @@ from bart_opt.kernels import Linear, linear
 from bart_opt.packing import Packing, skips_padded_keys
 
 
+def exact_fuses(x: torch.Tensor) -> bool:
+    """Whether exact mode may run a layer's projections of `x` as one wider product instead of transformers'
+    separate ones: only where that was measured to give the same bits, float32 and float16 on a CPU with
+    AVX-512. Not on a GPU (a wider product may select another kernel), not in MKL's AVX2 code (7e-7 apart
+    at the tiny shape), not in bfloat16 (the AMX Xeon's GEMM at K 768 rounds a wider product's columns
+    otherwise from 800 rows up)."""
+    return x.device.type == "cpu" and x.dtype != torch.bfloat16 and hardware.probe().avx512
+
+
 class Attention(nn.Module):
     """Multi-head attention with BART's projection names; self and cached-self variants here,
     cross-attention in `bart_opt.cross_attention`.
@@ -64,9 +73,7 @@ class Attention(nn.Module):
         """The `fused` projections of `x` (..., D): one (..., D) view each of a single product."""
         if self.fused_int8 is not None:
             return self.fused_int8(x).chunk(len(self.fused), dim=-1)
-        if self.exact and (x.device.type != "cpu" or not hardware.probe().avx512):
-            # A wider product may select another kernel (and rounding) than transformers' separate ones: on a
-            # GPU, and in MKL's AVX2 code (7e-7 apart at the tiny shape, measured); its AVX-512 code gave the same bits.
+        if self.exact and not exact_fuses(x):
             return tuple(getattr(self, name)(x) for name in self.fused)
         out = linear(x, self.fused_weight, self.fused_bias, fast=not self.exact)  # (..., len(fused)*D)
         return out.chunk(len(self.fused), dim=-1)

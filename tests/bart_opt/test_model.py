@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import BartConfig
 
 from bart_opt import Bart, native
 from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded
@@ -46,6 +47,25 @@ def test_exact_mode_logits_equal_transformers_bit_for_bit(variant, dtype, monkey
     with torch.no_grad():
         expected = reference_model(variant, dtype)(input_ids=ids, attention_mask=mask).logits
     assert torch.equal(Bart.from_pretrained(variant, dtype=dtype, exact=True)(ids, mask), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_exact_mode_logits_equal_transformers_at_bart_base_width(make_checkpoint, dtype):
+    """At d_model 768 and a fidelity-sized batch (8 inputs of up to 120 tokens: 960 encoder rows), the
+    bfloat16 GEMM on an AMX Xeon rounds a fused (K|V or Q|K|V) product's columns otherwise than
+    separate products' (measured from 800 rows at K 768), and a packed batch's rows otherwise than the
+    padded batch's, so exact mode must run neither there."""
+    folder = make_checkpoint(with_tokenizer=False, init_std=0.2, d_model=768, encoder_layers=1, decoder_layers=1,
+                             encoder_attention_heads=12, decoder_attention_heads=12, ffn_dim=3072,
+                             vocab_size=2000, max_position_embeddings=128)
+    inputs = make_inputs(BartConfig.from_pretrained(folder), Workload(n=8, min_len=60))
+    ids, mask = padded(inputs, pad_id=1)
+    assert ids.numel() >= 800 and (mask == 0).any()
+    decoder = ids[:, :24].clone()  # (B, 24) teacher-forced decoder inputs
+    with torch.inference_mode():
+        expected = reference_model(folder, dtype)(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder).logits
+        got = Bart.from_pretrained(folder, dtype=dtype, exact=True)(ids, mask, decoder_input_ids=decoder)
+    assert torch.equal(got, expected)
 
 
 def test_logits_with_explicit_decoder_input_and_no_mask(variant):

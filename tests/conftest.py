@@ -23,6 +23,49 @@ import pytest
 
 from bart_opt.demo import build_checkpoint
 
+pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in the terminal summary
+
+
+# The whole suite runs on this many pytest-xdist workers (CI's machines have 2 cores; about 440 s instead of
+# about 600 s in one process, measured on the 2-core Xeon).
+WORKERS = 2
+# Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
+RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "tests/bart_opt/test_distributed.py"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the worker count into its settings
+def pytest_cmdline_main(config) -> None:
+    """Run the whole suite (``python -m pytest`` with no paths) on `WORKERS` pytest-xdist workers, grouped by
+    `xdist_group`, where pytest-xdist is installed (the test extra). ``-n N`` picks another count, ``-n 0``
+    one process; tests named on the command line run in one process unless ``-n`` is given."""
+    option = config.option
+    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+            or config.args_source != pytest.Config.ArgsSource.TESTPATHS or option.numprocesses is not None
+            or option.collectonly or option.usepdb):
+        return
+    option.numprocesses = WORKERS
+    if option.dist == "no":
+        option.dist = "loadgroup"
+
+
+def xdist_group(nodeid: str) -> str:
+    """The pytest-xdist group of a test (``--dist loadgroup`` runs a group on one worker): its file, so module
+    fixtures are built once; every Ray test together, so the session starts one Ray instance; all of
+    tests/docker together, so the session builds the image once."""
+    path = nodeid.split("::", 1)[0]
+    if path in RAY_FILES:
+        return "ray"
+    if path.startswith("tests/docker/"):
+        return "docker"
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
+def pytest_collection_modifyitems(items) -> None:
+    """Mark each test with its `xdist_group` (read only under ``--dist loadgroup``)."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid)))
+
 
 @pytest.fixture(scope="session")
 def make_checkpoint(tmp_path_factory):

@@ -1,6 +1,5 @@
 """Fixtures of the image smoke test: the CPU image built once a session, the service's container on the
-demo model, and the times of every step, printed at the end of the run (pytest's terminal summary, so
-CI's output shows them under ``-q`` too).
+demo model, and the times of every step, printed at the end of the run (`tests.docker.report`).
 
 Where the test cannot run (`tests.docker.base.unavailable`), the image fixture skips with the reason.
 Whatever happens, the containers and the volume a fixture made are removed when it ends; the image
@@ -22,6 +21,7 @@ from bart_opt.demo import write_demo_model
 from tests.docker.base import base_image, find_links, unavailable
 from tests.docker.podman import (LABEL, OWNER, Container, build_image, container_name, image_config, image_id,
                                  podman, reap_leftovers, timed_lines)
+from tests.docker.report import FIGURES, SKIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_TIMEOUT_S = 1800
@@ -29,25 +29,6 @@ IMAGE_TAG = "localhost/bart-opt-smoke:last-build"
 # Room for a request in flight at SIGTERM on a busy 2-core machine (the default is 30 s).
 SERVICE_ENV = {"BART_OPT_SHUTDOWN_TIMEOUT": "120"}
 STOP_GRACE_S = 150
-FIGURES: list[tuple[str, float, str]] = []
-SPENT_S = [0.0]  # setup, call and teardown of every test here: what tests/docker adds to the run
-SKIPPED: list[str] = []  # why the smoke test did not run, if it did not
-
-
-def pytest_runtest_logreport(report) -> None:
-    """Add up the time of this folder's tests (this conftest's hooks see only them)."""
-    SPENT_S[0] += report.duration
-
-
-def pytest_terminal_summary(terminalreporter) -> None:
-    """Print the smoke test's step times and figures, when it ran, or why it did not (pytest -q shows skips
-    as a count only)."""
-    if SKIPPED:
-        terminalreporter.write_sep("-", f"image smoke test (tests/docker) skipped: {SKIPPED[0]}")
-    if FIGURES:
-        terminalreporter.write_sep("-", "image smoke test (tests/docker): steps")
-        for name, amount, unit in [*FIGURES, ("all of tests/docker (fixtures, tests, clean-up)", SPENT_S[0], "s")]:
-            terminalreporter.write_line(f"{name:<64} {amount:9.1f} {unit}")
 
 
 class Steps:

@@ -32,8 +32,10 @@ class Attention(nn.Module):
     The projections named in `fused` (Q, K, V for self-attention; K, V for cross-attention) hold
     their weights as row blocks of one concatenated tensor (`fused_weight`, `fused_bias`), so they
     run as one matrix product without a second copy of the weights. Each output column is the same
-    dot product either way: on a CPU the fused product is bit-identical to separate ones (measured
-    with MKL at 1 to 12,288 rows; `tests/bart_opt/test_kernels.py` checks it).
+    dot product either way, but not always rounded alike: in float32 and float16 on an AVX-512 CPU the
+    fused product is bit-identical to separate ones (measured with MKL at 1 to 12,288 rows), in bfloat16
+    at K 768 from 800 rows and in MKL's AVX2 code it is not, so exact mode fuses only where `exact_fuses`
+    says (`tests/bart_opt/test_kernels.py` checks both).
     """
 
     exact = False  # set by `Bart.exact`

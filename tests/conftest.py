@@ -35,17 +35,27 @@ RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "t
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the worker count into its settings
 def pytest_cmdline_main(config) -> None:
-    """Run the whole suite (``python -m pytest`` with no paths) on `WORKERS` pytest-xdist workers, grouped by
-    `xdist_group`, where pytest-xdist is installed (the test extra). ``-n N`` picks another count, ``-n 0``
-    one process; tests named on the command line run in one process unless ``-n`` is given."""
+    """Run the whole suite (``python -m pytest`` from the repository root, no paths) on `WORKERS` pytest-xdist
+    workers where pytest-xdist is installed (the test extra); with any worker count, group them
+    (``--dist loadgroup``, `xdist_group`). ``-n N`` picks another count, ``-n 0`` one process; tests named
+    on the command line, and runs that debug, collect or list fixtures, run in one process unless ``-n``
+    is given."""
     option = config.option
-    if (not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
-            or config.args_source != pytest.Config.ArgsSource.TESTPATHS or option.numprocesses is not None
-            or option.collectonly or option.usepdb):
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
-    option.numprocesses = WORKERS
-    if option.dist == "no":
+    one_process = (option.collectonly or option.usepdb or option.trace or option.tx or option.showfixtures
+                   or option.show_fixtures_per_test)
+    if option.numprocesses is None and config.args_source == pytest.Config.ArgsSource.TESTPATHS and not one_process:
+        option.numprocesses = WORKERS
+    if option.numprocesses and option.dist == "no":
         option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    """In the xdist controller: tell a worker to group its tests. A worker reads ``--dist`` from the command
+    line, which does not hold the one `pytest_cmdline_main` set."""
+    node.workerinput["bart_opt_loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def xdist_group(nodeid: str) -> str:
@@ -60,9 +70,12 @@ def xdist_group(nodeid: str) -> str:
     return path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks
-def pytest_collection_modifyitems(items) -> None:
-    """Mark each test with its `xdist_group` (read only under ``--dist loadgroup``)."""
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks and the loadgroup option
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark each test with its `xdist_group` (read only under ``--dist loadgroup``); in a worker told to
+    group (`pytest_configure_node`), turn xdist's loadgroup option on."""
+    if getattr(config, "workerinput", {}).get("bart_opt_loadgroup"):
+        config.option.loadgroup = True
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid)))
 

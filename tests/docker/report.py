@@ -33,7 +33,7 @@ def pytest_sessionfinish(session) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error) -> None:
     """In the xdist controller: take in the figures of a worker that finished."""
-    got = getattr(node, "workeroutput", {}).get(KEY)
+    got = getattr(node, "workeroutput", {}).pop(KEY, None)  # xdist may report a node down twice (Ctrl-C)
     if got:
         FIGURES.extend(tuple(figure) for figure in got["figures"])
         SPENT_S[0] += got["spent_s"]

@@ -93,6 +93,8 @@ class JobRunner:
         self._live: tuple[float, int] | None = None  # start of the current run, examples done in it
         self._renewed = 0.0  # when the current job's lease was last claimed or renewed (monotonic)
         self.on_change: Callable[[], None] = lambda: None  # called when this runner starts or ends a job
+        # Failed reads of the job queue in a row, and the wall-clock time of the first (0: the last read worked).
+        self._queue_failures: tuple[int, float] = (0, 0.0)
         self._thread = threading.Thread(target=self._main, name="bart-opt-jobs", daemon=True)
 
     # ---- control (any thread) ------------------------------------------------------------
@@ -144,6 +146,10 @@ class JobRunner:
             logger.info("job %s is no longer ours (cancelled, or taken over after a stall)", job_id)
             self.cancel(job_id)
 
+    def queue_failures(self) -> tuple[int, float]:
+        """How many reads of the job queue failed in a row (0 once one works), and the wall-clock time of the first."""
+        return self._queue_failures
+
     def rate(self) -> float:
         """Examples per second of the job running now (0 when none)."""
         live = self._live
@@ -167,6 +173,8 @@ class JobRunner:
             try:
                 job = self.store.claim_next(self.owner, self.config.lease_s)
             except Exception as error:  # noqa: BLE001 - the runner thread never dies: accepted jobs wait for it
+                failures, since = self._queue_failures
+                self._queue_failures = (failures + 1, since or time.time())
                 delay = min(max(2 * delay, 0.1), 5.0)
                 if isinstance(error, StoreError):
                     logger.warning("could not read the job queue (%s); retrying in %.1f s",
@@ -176,6 +184,7 @@ class JobRunner:
                 self._stop.wait(delay)
                 continue
             delay = 0.0
+            self._queue_failures = (0, 0.0)
             if job is None:
                 self._kick.wait(self.idle_poll_s)
                 continue

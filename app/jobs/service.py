@@ -34,6 +34,7 @@ import os
 import re
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -192,6 +193,18 @@ class JobService:
             return None
         return {"code": "jobs_store_damaged", "message": f"{self.damaged}: evaluation jobs are off; repair or "
                 "restore the database (BART_OPT_DB) and restart the server"}
+
+    def queue_problem(self) -> dict | None:
+        """``{"code": "jobs_queue_unreadable", "message"}`` while this process's runner fails to read the job
+        queue (``/ready`` lists it and reads ``degraded``; the cause is in the server log, not shown), else None;
+        None too while the database is known to be damaged, which `damage` reports instead."""
+        failures, since = self.runner.queue_failures()
+        if not failures or self.damaged is not None:
+            return None
+        at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(since))
+        return {"code": "jobs_queue_unreadable",
+                "message": f"the job runner has failed to read the job queue {failures} time(s) in a row since {at} "
+                           "and keeps retrying; accepted jobs wait (the server log has the cause)"}
 
     def _check_damaged(self) -> None:
         """Raise the 503 of a damaged database (no ``Retry-After``); nothing when it is not known to be."""

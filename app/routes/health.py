@@ -8,7 +8,10 @@ the same way; ``/ready`` says why it is not ready). A ready ``/ready`` names the
 its fingerprint (`bart_opt.fingerprint`) and lists the operator faults in effect
 (`app.startup`). While the jobs database is damaged it reads ``degraded``, with a
 ``jobs_store_damaged`` warning that says so: ``/summarize`` still serves, evaluation jobs are off
-(their routes answer 503 without ``Retry-After``: waiting will not mend it).
+(their routes answer 503 without ``Retry-After``: waiting will not mend it). While this process's job
+runner fails to read the job queue (it retries, backing off to 5 s) it reads ``degraded`` too, with a
+``jobs_queue_unreadable`` warning: how many reads failed in a row and since when; the cause is in the
+server log only.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ class ReadyWarning(BaseModel):
 
 
 class Ready(BaseModel):
-    status: str = Field(description="``ready``, or ``degraded`` while the jobs database is damaged (see warnings)")
+    status: str = Field(description="``ready``, or ``degraded`` while the jobs database is damaged or the job "
+                        "runner cannot read its queue (see warnings)")
     model: str
     device: str
     dtype: str = Field(description="The dtype the model runs in (float32, float16, bfloat16)")
@@ -72,12 +76,13 @@ async def health(request: Request) -> dict:
             responses={503: {"description": "Model loading, failed to load, worker dead or shutting down"}})
 async def ready(request: Request) -> dict:
     """200 once the model is loaded and the worker takes requests (``degraded`` while the jobs
-    database is damaged); 503 with the reason otherwise."""
+    database is damaged or the job runner cannot read its queue); 503 with the reason otherwise."""
     service = request.app.state.service
     service.check_ready()
-    damage = request.app.state.jobs.damage()
+    jobs = request.app.state.jobs
+    problems = [problem for problem in (jobs.damage(), jobs.queue_problem()) if problem is not None]
     fingerprint = service.fingerprint
     dtype, dtype_reason = service.dtype
-    return {"status": "ready" if damage is None else "degraded", "model": service.model_name, "device": service.device,
+    return {"status": "degraded" if problems else "ready", "model": service.model_name, "device": service.device,
             "dtype": dtype, "dtype_reason": dtype_reason, "fingerprint": None if fingerprint is None else str(fingerprint),
-            "warnings": startup.warnings(request.app.state.settings) + ([damage] if damage else [])}
+            "warnings": startup.warnings(request.app.state.settings) + problems}

@@ -116,7 +116,11 @@ def test_a_damaged_database_reads_as_damaged_not_as_retry_later(make_jobs_app, w
         handle.write(b"\xa5" * (58 * 4096))
     with serving(make_jobs_app()) as client:
         deadline = time.monotonic() + 30
-        while (ready := client.get("/ready")).json()["status"] == "ready":  # the store's check runs once it is open
+        # The store's check runs once it is open (before it, the runner's failed reads may read degraded already).
+        while True:
+            ready = client.get("/ready")
+            if any(w["code"] == "jobs_store_damaged" for w in ready.json()["warnings"]):
+                break
             assert time.monotonic() < deadline, "the damage was never found"
             time.sleep(0.05)
         view = client.get(f"/evaluate/{job_id}")
@@ -129,6 +133,7 @@ def test_a_damaged_database_reads_as_damaged_not_as_retry_later(make_jobs_app, w
     # /ready: degraded, with the reason, the same words as the routes' 503s
     assert ready.status_code == 200 and ready.json()["status"] == "degraded", ready.text
     [warning] = [w for w in ready.json()["warnings"] if w["code"] == "jobs_store_damaged"]
+    assert all(w["code"] != "jobs_queue_unreadable" for w in ready.json()["warnings"])  # the damage says why
     for error in (*errors, warning):
         assert error["code"] == "jobs_store_damaged", error
         assert error["message"].startswith("the jobs database (BART_OPT_DB) is damaged") and "retry" not in error[

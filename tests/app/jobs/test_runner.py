@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import json
 import shutil
+import threading
 import time
 
 from sqlalchemy import text
@@ -241,3 +243,29 @@ def test_an_unexpected_error_reading_the_queue_is_retried_and_the_runner_lives_o
         view = wait_for_job(client, submit_file(client, "two.jsonl"))
     assert len(raised) == 2 and view["status"] == "succeeded" and view["progress"]["done"] == 2
     assert sum("reading the job queue failed unexpectedly" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_ready_reads_degraded_while_the_runner_cannot_read_its_queue_and_ready_once_it_can(make_jobs_app):
+    with serving(make_jobs_app()) as client:
+        store = client.app.state.jobs.store
+        real, broken = store.claim_next, threading.Event()
+        broken.set()
+
+        def failing(owner, lease_s):
+            if broken.is_set():
+                raise RuntimeError("/secret/path: a bug in reading the queue")
+            return real(owner, lease_s)
+
+        store.claim_next = failing
+        deadline = time.monotonic() + 30
+        while (ready := client.get("/ready").json())["status"] != "degraded":
+            assert time.monotonic() < deadline, ready
+            time.sleep(0.05)
+        [warning] = [w for w in ready["warnings"] if w["code"] == "jobs_queue_unreadable"]
+        assert "failed to read the job queue" in warning["message"] and "the server log has the cause" in warning["message"]
+        assert "/secret/path" not in json.dumps(ready)  # the cause stays in the log
+        broken.clear()
+        while (ready := client.get("/ready").json())["status"] != "ready":
+            assert time.monotonic() < deadline + 30, ready
+            time.sleep(0.05)
+    assert all(w["code"] != "jobs_queue_unreadable" for w in ready["warnings"])

@@ -18,6 +18,10 @@ if "BART_OPT_DIGEST_CACHE" not in os.environ:
     os.environ["BART_OPT_DIGEST_CACHE"] = os.path.join(_digests, "digests.json")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite's two pytest-xdist workers share two cores: OpenMP threads that wait by sleeping instead of
+# spinning leave a core to the other worker (and to the servers and commands tests start, which inherit
+# it). Thread counts are unchanged, so results are too. Set before torch loads its OpenMP runtime.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 

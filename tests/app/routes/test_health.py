@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -141,8 +142,10 @@ def test_health_reports_descriptors_against_the_limit_and_turns_503_near_it(make
 
 def test_descriptors_return_to_their_baseline_after_bursts_of_concurrent_job_reads(make_jobs_app, monkeypatch):
     """40 concurrent GET /evaluate/{id} per burst, idle gaps in between in which the request threads
-    exit (anyio's idle time, 10 s, made 0.2 s here): the process's descriptors come back to where they
-    were. Each thread kept a SQLite connection of its own (two descriptors) before the pool."""
+    exit (anyio's idle time, 10 s, made 0.2 s here): the descriptors on the jobs database come back to where
+    they were, beyond the pool's own connections (at most its 15). Each thread kept a SQLite connection of its
+    own (two descriptors) before the pool. Counting the whole process failed twice in loaded suite runs with
+    no leak (+6 and +8: the pool filling later, or another test's Ray driver in the same process)."""
     from anyio._backends._asyncio import WorkerThread
 
     monkeypatch.setattr(WorkerThread, "MAX_IDLE_TIME", 0.2)
@@ -152,25 +155,40 @@ def test_descriptors_return_to_their_baseline_after_bursts_of_concurrent_job_rea
         assert submitted.status_code == 202, submitted.text
         job_id = submitted.json()["id"]
 
-        def burst(limit: int | None = None) -> int:
-            """The descriptors after a burst, once its request threads exited: above `limit`, idle threads
+        engine = client.app.state.jobs.store.engine
+        database = str(Path(engine.url.database).resolve())  # jobs.db, and its -wal and -shm beside it
+
+        def outside_the_pool() -> tuple[int, int]:
+            """(descriptors on the jobs database's files beyond its pooled connections' two each, connections
+            pooled). Only those files: what else the process holds (a session's Ray driver, say) comes and goes."""
+            pooled = engine.pool.checkedin() + engine.pool.checkedout()
+            held = 0
+            for fd in os.listdir("/proc/self/fd"):
+                with contextlib.suppress(OSError):  # closed since the listing
+                    held += os.readlink(f"/proc/self/fd/{fd}").startswith(database)
+            return held - 2 * pooled, pooled
+
+        def burst(limit: int | None = None) -> tuple[int, int]:
+            """`outside_the_pool` after a burst, once its request threads exited: above `limit`, idle threads
             get up to 10 s more to exit (a loaded machine runs them late); a leak stays above it."""
-            with ThreadPoolExecutor(40) as pool:
-                answers = list(pool.map(lambda _: client.get(f"/evaluate/{job_id}").status_code, range(40)))
+            with ThreadPoolExecutor(40) as pool_of_clients:
+                answers = list(pool_of_clients.map(lambda _: client.get(f"/evaluate/{job_id}").status_code, range(40)))
             assert answers == [200] * 40
             deadline = time.monotonic() + 10
             while True:
                 time.sleep(0.5)  # the request threads go idle past their idle time...
                 client.get("/health")  # ...and the next request retires them
                 time.sleep(0.2)
-                count = len(os.listdir("/proc/self/fd"))
-                if limit is None or count <= limit or time.monotonic() > deadline:
-                    return count
+                outside, pooled = outside_the_pool()
+                if limit is None or outside <= limit or time.monotonic() > deadline:
+                    return outside, pooled
 
-        before = len(os.listdir("/proc/self/fd"))
-        # The pool fills up to its size once; SQLite keeps a closed connection's descriptor for the
-        # next one while others hold locks on the file (its unix VFS), a bounded few.
-        baseline = max(burst(limit=before + 2 * 15 + 4) for _ in range(3))
+        before, _ = outside_the_pool()
+        # The pool grows up to its size (sooner or later: a loaded machine overlaps fewer requests at first), so
+        # its connections are counted apart; SQLite keeps a closed connection's descriptor for the next one while
+        # others hold locks on the file (its unix VFS), a bounded few.
+        baseline = max(burst(limit=before + 2 * 15 + 4)[0] for _ in range(3))
         counts = [burst(limit=baseline + 4) for _ in range(5)]
-    assert max(counts) - baseline <= 4, (before, baseline, counts)  # before the pool: +36 to +44 a burst
-    assert baseline - before <= 2 * 15 + 4  # at most the pool's 15 connections, two descriptors each
+    assert max(outside for outside, _ in counts) - baseline <= 4, (before, baseline, counts)  # before the pool: +36 to +44 a burst
+    assert baseline - before <= 2 * 15 + 4, (before, baseline)  # a bounded few: at most another pool's worth
+    assert max(pooled for _, pooled in counts) <= 15  # the pool's bound

@@ -9,20 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bart_opt import hardware, native
+from bart_opt import native
 from bart_opt import packing as packing_rules  # patched as a module by the GPU-layout tests and benches
 from bart_opt.cache import KVCache, StaticKVCache
 from bart_opt.kernels import Linear, linear
 from bart_opt.packing import Packing, skips_padded_keys
-
-
-def exact_fuses(x: torch.Tensor) -> bool:
-    """Whether exact mode may run a layer's projections of `x` as one wider product instead of transformers'
-    separate ones: only where that was measured to give the same bits, float32 and float16 on a CPU with
-    AVX-512. Not on a GPU (a wider product may select another kernel), not in MKL's AVX2 code (7e-7 apart
-    at the tiny shape), not in bfloat16 (the AMX Xeon's GEMM at K 768 rounds a wider product's columns
-    otherwise from 800 rows up)."""
-    return x.device.type == "cpu" and x.dtype != torch.bfloat16 and hardware.probe().avx512
 
 
 class Attention(nn.Module):
@@ -34,8 +25,8 @@ class Attention(nn.Module):
     run as one matrix product without a second copy of the weights. Each output column is the same
     dot product either way, but not always rounded alike: in float32 and float16 on an AVX-512 CPU the
     fused product is bit-identical to separate ones (measured with MKL at 1 to 12,288 rows), in bfloat16
-    at K 768 from 800 rows and in MKL's AVX2 code it is not, so exact mode fuses only where `exact_fuses`
-    says (`tests/bart_opt/test_kernels.py` checks both).
+    at K 768 from 800 rows and in MKL's AVX2 code it is not, so exact mode fuses only where
+    `bart_opt.packing.exact_reshapes` says (`tests/bart_opt/test_kernels.py` checks both).
     """
 
     exact = False  # set by `Bart.exact`
@@ -75,7 +66,7 @@ class Attention(nn.Module):
         """The `fused` projections of `x` (..., D): one (..., D) view each of a single product."""
         if self.fused_int8 is not None:
             return self.fused_int8(x).chunk(len(self.fused), dim=-1)
-        if self.exact and not exact_fuses(x):
+        if self.exact and not packing_rules.exact_reshapes(x.device, x.dtype):
             return tuple(getattr(self, name)(x) for name in self.fused)
         out = linear(x, self.fused_weight, self.fused_bias, fast=not self.exact)  # (..., len(fused)*D)
         return out.chunk(len(self.fused), dim=-1)

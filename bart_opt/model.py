@@ -18,10 +18,10 @@ Attribute names follow the Hugging Face checkpoint keys (minus their `model.` pr
   its attention leaves padded keys out instead of masking them.
 
 `exact=True` keeps what leaves the arithmetic alone and gives every kernel the inputs
-transformers gives it instead: MKL's products (on packed rows and fused projections only in float32
-and float16 on an AVX-512 CPU, where a row rounds alike at every row count from 17 up and a fused
-product's columns as separate ones': `packing.exact_packs`, `attention.exact_fuses`), padded attention rectangles with a materialized `(B, 1, S, S)` encoder mask,
-per-beam cross-attention keys/values (one layer at a time), un-chunked feed-forward blocks.
+transformers gives it instead: MKL's products (on packed rows and as fused projections only where
+`packing.exact_reshapes` measured the same bits), padded attention rectangles with a materialized
+`(B, 1, S, S)` encoder mask, per-beam cross-attention keys/values (one layer at a time), un-chunked
+feed-forward blocks.
 
 `fast=True` goes the other way from the default, on a CPU: half precision leaves padded keys out as
 float32 does, and in bfloat16 with AVX512-BF16 decoding attention runs through bart_opt's own

@@ -43,15 +43,21 @@ def attends_per_input(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+def exact_reshapes(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether exact mode may give a matrix product another shape than transformers' (packed rows, a
+    fused Q|K|V or K|V product's wider columns) and keep its bits: only where that was measured, float32
+    and float16 on a CPU with AVX-512 (rows alike at every row count from 17 up, fused columns as separate
+    ones). Not in bfloat16 (the AMX Xeon's GEMM at K 768 rounds a row otherwise at 32 or 200 rows than at
+    256, and a wider product's columns otherwise from 800 rows), not below AVX-512 (MKL's AVX2 GEMM: exact
+    logits 2.5e-6 apart at the test checkpoints with every library limited to AVX2), not off the CPU
+    (another shape may select another GPU kernel; not measured)."""
+    return device.type == "cpu" and dtype != torch.bfloat16 and hardware.probe().avx512
+
+
 def exact_packs(tokens: int, device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether exact mode may pack a batch of `tokens` real tokens: only where a GEMM rounds a row
-    alike at every row count from `EXACT_MIN_ROWS` up, which was measured on a CPU with AVX-512 in
-    float32 and float16. Not in bfloat16 (the AMX Xeon's GEMM at K 768 or more rounds rows otherwise
-    at 32 or 200 rows than at 256), not below AVX-512 (MKL's AVX2 GEMM: exact logits 2.5e-6 apart at
-    the test checkpoints with every library limited to AVX2), not off the CPU (another row count may
-    select another GPU kernel; not measured)."""
-    return (device.type == "cpu" and dtype != torch.bfloat16 and tokens >= EXACT_MIN_ROWS
-            and hardware.probe().avx512)
+    """Whether exact mode may pack a batch of `tokens` real tokens: from `EXACT_MIN_ROWS` up, where
+    `exact_reshapes` allows."""
+    return tokens >= EXACT_MIN_ROWS and exact_reshapes(device, dtype)
 
 
 class Packing:

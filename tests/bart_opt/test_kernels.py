@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 from bart_opt import Bart, hardware
-from bart_opt.attention import exact_fuses
 from bart_opt.bench.fidelity import SHAPES
 from bart_opt.kernels import ONEDNN, linear, uses_onednn
+from bart_opt.packing import exact_reshapes
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def test_exact_mode_fuses_projections_only_where_they_equal_separate_ones_bit_fo
     below AVX-512 it runs the separate ones."""
     model = Bart.from_pretrained(checkpoint, dtype=dtype, exact=True)
     x = torch.randn(1, rows, model.config.d_model, dtype=dtype)
-    assert exact_fuses(x) == (hardware.probe().avx512 and dtype != torch.bfloat16)
+    assert exact_reshapes(x.device, dtype) == (hardware.probe().avx512 and dtype != torch.bfloat16)
     with torch.inference_mode():
         for attn, names in ((model.encoder.layers[0].self_attn, ("q_proj", "k_proj", "v_proj")),
                             (model.decoder.layers[1].encoder_attn, ("k_proj", "v_proj"))):

@@ -439,15 +439,19 @@ def test_32_simultaneous_requests_get_200_or_429_and_their_own_summaries(make_ap
 
     async def scenario():
         async with async_serving(app) as client:
-            tasks = [
-                asyncio.create_task(client.post("/summarize", json={"texts": [t], "generation": g}))
-                for t, g in zip(texts, generations)
-            ]
-            # The device is held until the first answer arrives, which can only be a refusal:
-            # so the queue limit is hit whatever the speed of the machine.
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            def post(text, generation):
+                return asyncio.create_task(client.post("/summarize", json={"texts": [text], "generation": generation}))
+
+            # The first request holds the device before the other 31 arrive at once, and the device stays
+            # held until one of them is answered, which can only be a refusal: so the queue limit is hit
+            # whatever the speed of the machine. (Sent all together, on a loaded machine the 32 could
+            # reach the queue before the device thread woke, leaving 4 served rather than 1 + 4.)
+            held = post(texts[0], generations[0])
+            await asyncio.to_thread(gate.entered.wait, 30)
+            rest = [post(t, g) for t, g in zip(texts[1:], generations[1:])]
+            await asyncio.wait(rest, return_when=asyncio.FIRST_COMPLETED)
             gate.open()
-            return await asyncio.gather(*tasks)
+            return await asyncio.gather(held, *rest)
 
     responses = asyncio.run(scenario())
     statuses = [response.status_code for response in responses]

@@ -35,10 +35,6 @@ pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in th
 WORKERS = 2
 # Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
 RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "tests/bart_opt/test_distributed.py"}
-# The groups that take longest (one process, summed `--durations`: about 127, 126 and 84 s of 624 s), handed
-# to the workers first so that the many short groups even out the end (longest first; xdist's own order is
-# by test count, which left image and peer tests to the end, one worker busy while the other waited).
-LONGEST_GROUPS = ("ray", "docker", "tests/bart_opt/bench/test_vs_peers.py")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the worker count into its settings
@@ -57,8 +53,6 @@ def pytest_cmdline_main(config) -> None:
         option.numprocesses = WORKERS
     if option.numprocesses and option.dist == "no":
         option.dist = "loadgroup"
-    if option.dist == "loadgroup":
-        option.loadscopereorder = False  # keep the collection's order: `LONGEST_GROUPS` first
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -83,11 +77,9 @@ def xdist_group(nodeid: str) -> str:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks and the loadgroup option
 def pytest_collection_modifyitems(config, items) -> None:
     """Mark each test with its `xdist_group` (read only under ``--dist loadgroup``); in a worker told to
-    group (`pytest_configure_node`), turn xdist's loadgroup option on and put `LONGEST_GROUPS` first."""
+    group (`pytest_configure_node`), turn xdist's loadgroup option on."""
     if getattr(config, "workerinput", {}).get("bart_opt_loadgroup"):
         config.option.loadgroup = True
-        rank = {group: index for index, group in enumerate(LONGEST_GROUPS)}
-        items.sort(key=lambda item: rank.get(xdist_group(item.nodeid), len(rank)))  # stable: files keep their order
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid)))
 

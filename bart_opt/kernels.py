@@ -14,9 +14,21 @@ shape measured (1 to 2,048 rows, with and without a bias) for less overhead: 1.0
 step's (48, 768) x (768, 3072), 1.15x at (48, 768) x (768, 768), 1.07x at the encoder's
 (2048, 768) x (768, 3072). The default mode takes it in both dtypes where the CPU allows. float16,
 bfloat16 without those kernels, and CUDA keep `F.linear`.
+
+oneDNN builds a primitive for each new shape and keeps it in two caches, its own and ideep's (torch's
+wrapper), 1,024 entries each unless ``ONEDNN_PRIMITIVE_CACHE_CAPACITY`` and ``LRU_CACHE_CAPACITY``
+say otherwise; an entry holds about 0.3 and 0.6 MB (its generated code) whatever the weight's size.
+The default mode packs each batch's real tokens, so nearly every batch brings new row counts: a
+server's RSS grew by about 650 MB over its first 1,400 CNN-like records before the caches filled. This
+module bounds both caches at `PRIMITIVE_CACHE_CAPACITY` entries, unless those variables are already
+set, before any primitive exists (the caches read them when first used). A decoder step's
+projections need about 8 primitives, reused by every layer, so the bound costs no speed measured
+(docs/engine.md, "oneDNN's primitive caches").
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +39,11 @@ ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_li
 # `F.linear` has a kernel of its own and the direct call would fail.
 ONEDNN_DTYPES = (torch.float32, torch.bfloat16) if ONEDNN and torch.ops.mkldnn._is_mkldnn_bf16_supported() else (
     torch.float32,)
+
+
+PRIMITIVE_CACHE_CAPACITY = 64  # entries in each of oneDNN's two primitive caches (see the module docstring)
+for _variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+    os.environ.setdefault(_variable, str(PRIMITIVE_CACHE_CAPACITY))
 
 
 def uses_onednn(x: torch.Tensor) -> bool:

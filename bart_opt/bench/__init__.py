@@ -7,6 +7,7 @@ Nothing in the library imports this package; it measures the library from outsid
 - `fidelity`: how often each mode's ids equal transformers', and the score gaps where they differ;
 - `batching`, `evaluation`, `cluster`: the pipeline's planner, its overlap, and Ray replicas;
 - `service_jobs`, `service_load`: the HTTP service's jobs and micro-batching under load;
+- `primitive_cache`: the default mode's RSS and speed with oneDNN's primitive caches bounded or not;
 - `check`: the offline self-check of a machine (`bart-opt check`);
 - `device`: the check a lent GPU machine runs in one command (ceilings, throughput, profiles, CUDA tests);
 - `dispatch`, `cache_read`, `profiling`: the static search's ATen ops and host syncs, its cache read, and

@@ -1,7 +1,8 @@
 """Benchmark: the default mode's RSS and speed with oneDNN's primitive caches bounded and unbounded.
 
 ``python -m bart_opt.bench.primitive_cache`` writes ``--docs`` CNN-like articles for a random
-checkpoint with a tokenizer (``--size demo``: the demo model's shape; ``base``: bart-base's), then
+checkpoint with a tokenizer (``--size demo``: the demo model's shape; ``base``: bart-base's; or
+``--model``, a checkpoint folder), then
 summarizes them in batches of ``--batch`` with the default mode, once with both caches at
 `bart_opt.kernels.PRIMITIVE_CACHE_CAPACITY` entries (what bart_opt sets) and once at oneDNN's own
 1,024, each in a fresh process, ``--repeats`` times in turns (ABAB), so that a busy machine's drift
@@ -33,7 +34,8 @@ SHAPES = {"demo": {}, "base": {"d_model": 768, "encoder_layers": 6, "decoder_lay
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bart_opt.bench.primitive_cache", description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", choices=sorted(SHAPES), default="demo", help="the checkpoint's shape (default demo)")
+    p.add_argument("--model", help="a checkpoint folder with its tokenizer (default: a random one of --size)")
+    p.add_argument("--size", choices=sorted(SHAPES), default="demo", help="the random checkpoint's shape (default demo)")
     p.add_argument("--docs", type=int, default=640, help="articles (default 640)")
     p.add_argument("--batch", type=int, default=32, help="articles per call (default 32, the service's batch size)")
     p.add_argument("--median-tokens", type=int, default=280, help="median article length in tokens (default 280)")
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from bart_opt.kernels import PRIMITIVE_CACHE_CAPACITY
 
     with tempfile.TemporaryDirectory(prefix="bart_opt_primitives_") as tmp:
-        model = str(build_checkpoint(Path(tmp, "model"), **SHAPES[args.size]))
+        model = args.model or str(build_checkpoint(Path(tmp, "model"), **SHAPES[args.size]))
         write_records(Path(tmp, "records.jsonl"), model, args.docs, args.median_tokens, 0.5, 0)
         texts = Path(tmp, "texts.json")
         lines = Path(tmp, "records.jsonl").read_text().splitlines()
@@ -116,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(run_once(capacity, model, texts, args))
                 print(f"run {repeat + 1}, capacity {capacity}: {runs[-1]['seconds']:.2f} s", file=sys.stderr, flush=True)
     print(f"CPU: {hardware.probe().describe()}")
-    print(f"{args.docs} CNN-like articles (median {args.median_tokens} tokens), {args.size} shape, random weights, "
+    print(f"{args.docs} CNN-like articles (median {args.median_tokens} tokens), "
+          f"{args.model or f'{args.size} shape, random weights'}, "
           f"the checkpoint's generation settings, batches of {args.batch}, {args.threads} thread(s)\n")
     print(table(runs, PRIMITIVE_CACHE_CAPACITY))
     return 0

@@ -30,8 +30,8 @@ from bart_opt.demo import build_checkpoint
 pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in the terminal summary
 
 
-# The whole suite runs on this many pytest-xdist workers (CI's machines have 2 cores): 384-398 s on the 2-core
-# Xeon, against 575-630 s in one process.
+# The whole suite runs on this many pytest-xdist workers (CI's machines have 2 cores): 384-398 s on the quiet
+# 2-core Xeon, against 575-630 s in one process.
 WORKERS = 2
 # Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
 RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "tests/bart_opt/test_distributed.py"}

@@ -42,7 +42,8 @@ ONEDNN_DTYPES = (torch.float32, torch.bfloat16) if ONEDNN and torch.ops.mkldnn._
 
 
 PRIMITIVE_CACHE_CAPACITY = 64  # entries in each of oneDNN's two primitive caches (see the module docstring)
-for _variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+PRIMITIVE_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
+for _variable in PRIMITIVE_CACHE_VARIABLES:
     os.environ.setdefault(_variable, str(PRIMITIVE_CACHE_CAPACITY))
 
 

@@ -11,7 +11,7 @@ and at the end, and whether both capacities wrote the same summaries, then the s
 best runs:
 
     python -m bart_opt.bench.primitive_cache                      # demo shape, 640 articles
-    python -m bart_opt.bench.primitive_cache --size base --docs 96
+    python -m bart_opt.bench.primitive_cache --size base --docs 64
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import time
 from pathlib import Path
 
 ONEDNN_DEFAULT = 1024  # oneDNN's and ideep's own capacity
-VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 SHAPES = {"demo": {}, "base": {"d_model": 768, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 12,
                                "decoder_attention_heads": 12, "ffn_dim": 3072}}
 
@@ -45,36 +44,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def rss_mb() -> float:
-    """This process's resident memory now, in MB."""
-    from bart_opt.memory import rss_bytes
-
-    return rss_bytes() / 1e6
-
-
 def worker(model: str, texts_path: str, batch: int, threads: int) -> None:
     """Summarize the texts in batches with the default mode; print one JSON line of what it measured."""
     import torch
 
+    from bart_opt.memory import rss_bytes
     from bart_opt.summarizer import Summarizer
 
     torch.set_num_threads(threads)
     texts = json.loads(Path(texts_path).read_text())
     summarizer = Summarizer.from_pretrained(model)
-    loaded = rss_mb()
+    loaded = rss_bytes() / 1e6
     digest = hashlib.sha256()
     start = time.perf_counter()
     for i in range(0, len(texts), batch):
         for summary in summarizer.summarize(texts[i:i + batch]).summaries:
             digest.update(summary.encode() + b"\0")
     seconds = time.perf_counter() - start
-    print(json.dumps({"seconds": seconds, "rss_loaded_mb": loaded, "rss_end_mb": rss_mb(), "summaries": digest.hexdigest()}))
+    print(json.dumps({"seconds": seconds, "rss_loaded_mb": loaded, "rss_end_mb": rss_bytes() / 1e6,
+                      "summaries": digest.hexdigest()}))
 
 
 def run_once(capacity: int, model: str, texts: Path, args: argparse.Namespace) -> dict:
     """One worker process with both caches at `capacity` entries."""
-    env = {**os.environ, **{name: str(capacity) for name in VARIABLES}, "OMP_NUM_THREADS": str(args.threads),
-           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    from bart_opt.kernels import PRIMITIVE_CACHE_VARIABLES
+
+    env = {**os.environ, **{name: str(capacity) for name in PRIMITIVE_CACHE_VARIABLES},
+           "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "bart_opt.bench.primitive_cache", "--worker", model, str(texts),
                "--batch", str(args.batch), "--threads", str(args.threads)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -101,17 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         worker(*args.worker, args.batch, args.threads)
         return 0
+    from transformers import AutoTokenizer
+
     from bart_opt import hardware
-    from bart_opt.bench.service_jobs import write_records
+    from bart_opt.bench.batching import cnn_like_articles
     from bart_opt.demo import build_checkpoint
     from bart_opt.kernels import PRIMITIVE_CACHE_CAPACITY
 
     with tempfile.TemporaryDirectory(prefix="bart_opt_primitives_") as tmp:
         model = args.model or str(build_checkpoint(Path(tmp, "model"), **SHAPES[args.size]))
-        write_records(Path(tmp, "records.jsonl"), model, args.docs, args.median_tokens, 0.5, 0)
+        articles = cnn_like_articles(AutoTokenizer.from_pretrained(model), args.docs, args.median_tokens, 0.5, 0)
         texts = Path(tmp, "texts.json")
-        lines = Path(tmp, "records.jsonl").read_text().splitlines()
-        texts.write_text(json.dumps([json.loads(line)["article"] for line in lines]))
+        texts.write_text(json.dumps(articles))
         runs = []
         for repeat in range(args.repeats):
             for capacity in (PRIMITIVE_CACHE_CAPACITY, ONEDNN_DEFAULT):

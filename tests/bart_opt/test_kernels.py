@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from bart_opt import Bart, hardware
 from bart_opt.bench.fidelity import SHAPES
-from bart_opt.kernels import ONEDNN, linear, uses_onednn
+from bart_opt.kernels import ONEDNN, PRIMITIVE_CACHE_VARIABLES, linear, uses_onednn
 from bart_opt.packing import exact_reshapes
 
 
@@ -96,7 +96,6 @@ with torch.no_grad():
         linear(torch.randn(rows, 32), weight, bias, fast=True)
 print((rss_bytes() - start) / 1e6)
 """
-CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")
 
 
 @pytest.mark.skipif(not ONEDNN, reason="this torch build has no oneDNN")
@@ -104,8 +103,8 @@ def test_new_shapes_grow_memory_only_up_to_the_primitive_cache_bound():
     """Each new shape leaves a primitive in oneDNN's and ideep's caches (about 0.6 MB whatever the weight):
     at their own 1,024 entries 500 shapes add about 290 MB; at bart_opt's bound (64) they stop near 50 MB."""
     def growth(capacity: str | None) -> float:
-        env = {k: v for k, v in os.environ.items() if k not in CACHE_VARIABLES}
-        env.update({name: capacity for name in CACHE_VARIABLES} if capacity else {})
+        env = {k: v for k, v in os.environ.items() if k not in PRIMITIVE_CACHE_VARIABLES}
+        env.update({name: capacity for name in PRIMITIVE_CACHE_VARIABLES} if capacity else {})
         done = subprocess.run([sys.executable, "-c", NEW_SHAPES], env={**env, "OMP_NUM_THREADS": "1"},
                               capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr

@@ -54,14 +54,19 @@ def parse(text: str, mkl: str = "mkl") -> dict[str, str]:
     return found
 
 
+UNKNOWN = "unknown"
+"""What a library that does not name its ISA reports: MKL on an AMD processor prints "Intel(R) Architecture
+processors" and no instruction set (seen on an AMD EPYC, family 25, oneMKL 2024.0)."""
+
+
 def _isa_words(text: str) -> str:
-    """"AVX2", "AVX-512", "AVX-512+AMX" ... from a library's description of its ISA."""
+    """"AVX2", "AVX-512", "AVX-512+AMX" ... from a library's description of its ISA; `UNKNOWN` when it names none."""
     if "AVX-512" in text or "AVX512" in text or "AVX10" in text:
         isa = "AVX-512"
     elif "AVX2" in text:
         isa = "AVX2"
     else:
-        isa = text.strip()
+        return UNKNOWN
     return isa + ("+AMX" if "Advanced Matrix Extensions" in text or "Intel AMX" in text else "")
 
 
@@ -85,10 +90,11 @@ def report(env: dict[str, str], ct2_folder: str | None = None) -> tuple[dict[str
 
 
 def unmet(found: dict[str, str], isa: str) -> list[str]:
-    """The libraries in `found` that did not keep to `isa` ("avx2"; nothing for "native")."""
+    """The libraries in `found` that reported another ISA than `isa` ("avx2"; nothing for "native"). One that
+    names none (`UNKNOWN`) cannot be held to it and is not counted: the CPU line shows it as unknown."""
     if isa == "native":
         return []
-    return [f"{lib}: {value}" for lib, value in found.items() if value.upper() != "AVX2"]
+    return [f"{lib}: {value}" for lib, value in found.items() if value.upper() not in ("AVX2", UNKNOWN.upper())]
 
 
 def _probe_torch() -> None:

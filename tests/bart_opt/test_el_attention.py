@@ -8,15 +8,17 @@ import random
 
 import pytest
 import torch
-from transformers import AutoTokenizer, BartForConditionalGeneration
+from transformers import AutoTokenizer
 
 import bart_opt.model as model_module
 from bart_opt import Bart, InvalidRequest
-from bart_opt.bench.fidelity import SHAPES, Workload, make_inputs, padded, parse_args, sequence_score, strip
+from bart_opt.bench.fidelity import SHAPES, parse_args, strip
 from bart_opt.demo import random_article
 from bart_opt.el_attention import BatchedELCrossAttention, SharedELCrossAttention
 from bart_opt.summarizer import Summarizer
-from tests.bart_opt.reference import batch, reference_model
+from bart_opt.bench.near_ties import BeamTrace
+from tests.bart_opt.agreement import assert_agrees, generate_agreeing
+from tests.bart_opt.reference import batch
 from tests.bart_opt.test_generation import CASES, CHECKPOINTS, reference_generate
 from tests.bart_opt.test_packing import LENGTHS, padded_batch
 
@@ -149,7 +151,9 @@ def test_keep_attends_for_the_kept_inputs_as_a_state_built_for_them(checkpoint, 
 
 
 def test_the_batched_call_compiles_as_one_graph(checkpoint, monkeypatch):
-    """No graph break (no host sync, no data-dependent Python) in a batched call: fit for captured decoding."""
+    """No graph break (no host sync, no data-dependent Python) in a batched call: fit for captured decoding.
+    Compiled and eager agree to float32 rounding, not bit for bit: the compiled graph may pick other kernels
+    for the same products (it did on an AMD EPYC, by up to 2.9e-5 of outputs of size ~1)."""
     monkeypatch.setattr(model_module.packing_rules, "attends_per_input", lambda device: False)
     model = load(checkpoint)
     ids, mask = padded_batch()
@@ -160,7 +164,8 @@ def test_the_batched_call_compiles_as_one_graph(checkpoint, monkeypatch):
     x = torch.randn(len(LENGTHS) * BEAMS, 1, model.config.d_model, generator=torch.Generator().manual_seed(3))
     compiled = torch.compile(lambda x: el(attn, x, 1), backend="eager", fullgraph=True)
     with torch.inference_mode():
-        torch.testing.assert_close(compiled(x), el(attn, x, 1), rtol=0, atol=0)
+        expected = el(attn, x, 1)
+        torch.testing.assert_close(compiled(x), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
 
 
 def test_el_attention_and_exact_refuse_each_other_by_name(checkpoint):
@@ -208,36 +213,13 @@ GREEDY = sorted(case for case, options in CASES.items() if options.get("num_beam
 BEAM = sorted(set(CASES) - set(GREEDY))
 
 
-@pytest.mark.parametrize("case", GREEDY)
-def test_greedy_equals_the_default_mode_and_transformers(parity_checkpoint, case):
+@pytest.mark.parametrize("case", GREEDY + BEAM)
+def test_it_agrees_with_transformers(parity_checkpoint, case):
+    """The same ids as transformers' or near-ties (tests/bart_opt/agreement.py): EL computes cross-attention
+    with other products than the standard layer's, so its rounding is its own."""
     ids, mask = batch(parity_checkpoint, (1, 5, 2, 3, 1), seed=3)
-    model = Bart.from_pretrained(parity_checkpoint)
-    default = model.generate(ids, mask, **CASES[case])
-    model.el_attention = True
-    got = model.generate(ids, mask, **CASES[case])
-    assert torch.equal(got, default)
-    assert torch.equal(got, reference_generate(parity_checkpoint, ids, mask, **CASES[case]))
-
-
-@pytest.mark.parametrize("case", BEAM)
-def test_beam_search_agrees_with_the_default_mode_or_differs_by_a_near_tie(parity_checkpoint, case):
-    """Measured on these checkpoints (AVX-512 and AVX2-emulated): every beam case identical to the
-    default mode (which `test_generation.py` holds to transformers' ids). A difference is allowed only
-    as a near-tie under transformers' scoring (EL's float32 bound)."""
-    ids, mask = batch(parity_checkpoint, (1, 5, 2, 3, 1), seed=3)
-    model = Bart.from_pretrained(parity_checkpoint)
-    expected = model.generate(ids, mask, **CASES[case])
-    model.el_attention = True
-    got = model.generate(ids, mask, **CASES[case])
-    spec = model.generation_spec(CASES[case])
-    pad = model.config.pad_token_id
-    for i in range(ids.shape[0]):
-        a, b = strip(expected[i], pad), strip(got[i], pad)
-        if a != b:
-            source = ids[i][mask[i].bool()]
-            gap = abs(sequence_score(reference_model(parity_checkpoint), source, a, spec, "cpu")
-                      - sequence_score(reference_model(parity_checkpoint), source, b, spec, "cpu"))
-            assert gap <= NEAR_TIE["float32"], (case, i, gap)
+    model = Bart.from_pretrained(parity_checkpoint, el_attention=True)
+    generate_agreeing(model, ids, mask, parity_checkpoint, **CASES[case])
 
 
 @pytest.mark.parametrize("beams", [1, 4])
@@ -247,9 +229,8 @@ def test_inputs_leave_the_batch_as_they_finish(make_checkpoint, monkeypatch, lay
     cls = SharedELCrossAttention if layout == "per_input" else BatchedELCrossAttention
     kept, keep = [], cls.keep
     monkeypatch.setattr(cls, "keep", lambda self, rows: kept.append(len(rows)) or keep(self, rows))
-    got = Bart.from_pretrained(path, el_attention=True).generate(ids, mask, num_beams=beams, min_length=0)
+    generate_agreeing(Bart.from_pretrained(path, el_attention=True), ids, mask, path, num_beams=beams, min_length=0)
     assert kept and kept[-1] < ids.shape[0], "inputs left the batch before the last step"
-    assert torch.equal(got, reference_generate(path, ids, mask, num_beams=beams, min_length=0))
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -265,10 +246,10 @@ def test_cancelled_inputs_leave_and_the_others_match_transformers(make_checkpoin
         polls.append(len(polls))
         return {1, 3} if len(polls) >= 2 else set()
 
-    got = model.generate(ids, mask, cancelled=cancelled, **options)
+    with BeamTrace() as trace:
+        got = model.generate(ids, mask, cancelled=cancelled, **options)
+    assert_agrees(model, ids, mask, got, path, trace=trace, expected=expected, compare=[0, 2, 4], **options)
     pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    for row in (0, 2, 4):
-        assert strip(got[row], pad) == strip(expected[row], pad), row
     for row in (1, 3):
         assert strip(got[row], pad) == (start,)
 
@@ -307,78 +288,14 @@ def test_the_fidelity_bench_takes_el_as_a_mode():
         parse_args(["--modes", "el,quantum"])
 
 
-# ---------------------------------------------------------------- published agreement at d_model 256
-
-# EL-attention's identical outputs (greedy, beam) among the first padded batch of 8 of the published
-# fidelity workload, per CPU capability (`torch.backends.cpu.get_cpu_capability()`), measured with
-#   python -m bart_opt.bench.fidelity --shape d256 --modes default,el --no-self-consistency --threads 1
-# AVX512: Xeon (Sapphire Rapids class) with AVX512_BF16 and AMX; AVX2: the same machine with
-# ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2. Other capabilities are
-# held to the near-tie property only.
-PUBLISHED_EL_IDENTICAL = {
-    "AVX512": {"float32": (8, 8), "float16": (5, 5), "bfloat16": (1, 1)},
-    "AVX2": {"float32": (8, 8), "float16": (6, 5), "bfloat16": (2, 1)},
-}
-# What every differing output must be, on any CPU: a near-tie, |transformers' score of its own output -
-# of EL's| at most this. Half precision: the largest gap measured over all 40 inputs, greedy and beam,
-# on both capabilities (float16 0.0045, bfloat16 0.0095), rounded up; transformers' own half-precision
-# outputs differ from its float32 ones by up to 0.0068 (float16) and 0.035 (bfloat16) on the same
-# workload. float32: no output differed on either capability; a tie decided by float32 rounding is far
-# below 1e-3.
-NEAR_TIE = {"float32": 1e-3, "float16": 5e-3, "bfloat16": 1e-2}
-WORK = Workload()
-
-
-@pytest.fixture(scope="module")
-def d256(make_checkpoint) -> str:
-    return make_checkpoint(with_tokenizer=False, init_std=0.2, eos_bias=0.0, **SHAPES["d256"])
-
-
-@pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
-def published_run(request, d256):
-    """transformers' and EL-attention's outputs for the first batch of the workload, greedy and beam, one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        dtype = getattr(torch, request.param)
-        hf = BartForConditionalGeneration.from_pretrained(d256, dtype=dtype).eval()
-        ours = Bart.from_pretrained(d256, dtype=dtype, el_attention=True)
-        inputs = make_inputs(ours.config, WORK)[: WORK.batch_size]
-        ids, mask = padded(inputs, ours.config.pad_token_id)
-        assert (mask == 0).any() and ids.shape[1] > 100, "a padded batch with long inputs"
-        out = {"dtype": request.param, "hf": hf, "ours": ours, "inputs": inputs}
-        for search, beams in (("greedy", 1), ("beam", WORK.num_beams)):
-            kwargs = WORK.settings(beams)
-            with torch.inference_mode():
-                expected = hf.generate(input_ids=ids, attention_mask=mask, **kwargs)
-            assert expected.shape[1] == 1 + WORK.new_tokens, "outputs run to the full 40 new tokens"
-            pad = ours.config.pad_token_id
-            out[search] = ([strip(row, pad) for row in expected],
-                           [strip(row, pad) for row in ours.generate(ids, mask, **kwargs)])
-        yield out
-    finally:
-        torch.set_num_threads(threads)
-
-
-def assert_published_agreement(published: dict, dtype: str, search: str, expected: list, got: list, hf, inputs,
-                               spec, gaps: dict | None = None) -> None:
-    """At least this CPU capability's `published[capability][dtype][search == "beam"]` of `got` equal
-    `expected`, and every other one a near-tie under `hf`'s scoring (transformers, `dtype`): within
-    `NEAR_TIE`, or this capability's published `gaps[capability][dtype, search]` where one is given."""
-    capability = torch.backends.cpu.get_cpu_capability()
-    bound = (gaps or {}).get(capability, {}).get((dtype, search), NEAR_TIE[dtype])
-    floor = published.get(capability, {}).get(dtype, (0, 0))[search == "beam"]
-    identical = sum(a == b for a, b in zip(expected, got))
-    assert identical >= floor, f"{identical}/{len(got)} identical in {dtype} {search} on {capability}"
-    for i, (a, b) in enumerate(zip(expected, got)):
-        if a != b:
-            gap = abs(sequence_score(hf, inputs[i], a, spec, "cpu") - sequence_score(hf, inputs[i], b, spec, "cpu"))
-            assert gap <= bound, (dtype, search, i, gap)
+# ---------------------------------------------------------------- agreement at d_model 256
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_el_attention_keeps_its_published_agreement_and_differs_by_near_ties(published_run, search):
-    run = published_run
-    spec = run["ours"].generation_spec(WORK.settings(1 if search == "greedy" else WORK.num_beams))
-    assert_published_agreement(PUBLISHED_EL_IDENTICAL, run["dtype"], search, *run[search], run["hf"], run["inputs"],
-                               spec)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_el_attention_differs_from_transformers_only_by_near_ties_at_d256(published_batch, dtype, search):
+    """The published batch (tests/bart_opt/agreement.py), every beam step checked; the identical counts are
+    figures (`python -m bart_opt.bench.fidelity --shape d256 --modes default,el`, docs/el-attention.md)."""
+    batch = published_batch(dtype)
+    model = Bart.from_pretrained(batch.path, dtype=getattr(torch, dtype), el_attention=True)
+    batch.run(model, search).report.assert_holds(f"EL-attention {dtype} {search}")

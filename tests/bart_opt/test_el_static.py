@@ -1,6 +1,6 @@
 """EL-attention with the static search (`Bart(el_attention=True, static=True)`): transformers' ids on the
-static parity suite, the one-copy state shrinking with the bucket, cancellation, host syncs counted, and
-the published agreement with the static search without EL-attention at d_model 256. (The decoder step
+static parity suite (the same ids or near-ties, tests/bart_opt/agreement.py), the one-copy state shrinking
+with the bucket, cancellation, host syncs counted, and near-ties only at d_model 256. (The decoder step
 under `torch.compile(fullgraph=True)`: `test_static_generation.py`, with and without EL-attention.)"""
 
 from __future__ import annotations
@@ -9,16 +9,13 @@ import json
 
 import pytest
 import torch
-from transformers import BartForConditionalGeneration
 
 from bart_opt import Bart
-from bart_opt.bench.fidelity import make_inputs, padded, strip
 from bart_opt.cache import StaticKVCache
 from bart_opt.el_attention import BatchedELCrossAttention
 from bart_opt.static_generation import CHECK_EVERY
+from tests.bart_opt.agreement import assert_agrees, generate_agreeing
 from tests.bart_opt.reference import batch
-from tests.bart_opt.test_el_attention import WORK, assert_published_agreement, d256  # noqa: F401  (d256: a fixture)
-from tests.bart_opt.test_fidelity import one_thread  # noqa: F401  (autouse: one thread, as the published figures)
 from tests.bart_opt.test_generation import CHECKPOINTS, _assert_rows_1_and_3_cancelled, _steps_and_ids, reference_generate
 from tests.bart_opt.test_static_generation import STATIC_CASES, counted_before_and_after
 
@@ -35,9 +32,7 @@ def checkpoint(make_checkpoint) -> str:
 @pytest.mark.parametrize("case", sorted(STATIC_CASES))
 def test_uneven_batch_matches_transformers(checkpoint, case):
     ids, mask = batch(checkpoint, (1, 5, 2, 3, 1), seed=3)
-    expected = reference_generate(checkpoint, ids, mask, **STATIC_CASES[case])
-    got = el_static(checkpoint).generate(ids, mask, **STATIC_CASES[case])
-    assert torch.equal(got, expected), f"ours:\n{got}\ntransformers:\n{expected}"
+    generate_agreeing(el_static(checkpoint), ids, mask, checkpoint, **STATIC_CASES[case])
 
 
 def test_the_state_is_one_batched_copy_of_the_encoder_output(checkpoint):
@@ -62,8 +57,9 @@ def test_the_state_leaves_with_the_bucket_and_the_ids_match_transformers(make_ch
     monkeypatch.setattr(StaticKVCache, "keep",
                         lambda self, rows: (cache_rows.append(len(rows)), cache_keep(self, rows)))
     options = dict(num_beams=beams, min_length=0)
-    _, got = _steps_and_ids(el_static(path), ids, mask, None, **options)
-    assert torch.equal(got, reference_generate(path, ids, mask, **options))
+    model = el_static(path)
+    _, got, trace = _steps_and_ids(model, ids, mask, None, **options)
+    assert_agrees(model, ids, mask, got, path, trace=trace, **options)
     assert kept, "inputs finished at different steps: the batch should have shrunk"
     assert kept == [rows // beams for rows in cache_rows], "the encoder output leaves with the cache's rows"
     assert all(k in (4, 2, 1) for k in kept), kept
@@ -82,8 +78,8 @@ def test_cancelled_rows_stop_and_the_others_match_transformers(make_checkpoint, 
         return {1, 3} if len(polls) >= 2 else set()
 
     model = el_static(path)
-    rows, got = _steps_and_ids(model, ids, mask, cancelled, **options)
-    _assert_rows_1_and_3_cancelled(model, got, expected)
+    rows, got, trace = _steps_and_ids(model, ids, mask, cancelled, **options)
+    _assert_rows_1_and_3_cancelled(model, ids, mask, got, trace, path, expected, **options)
     assert rows[0] == 5 * beams and rows[-1] < 5 * beams, "the cancelled rows left with a bucket"
 
 
@@ -97,54 +93,17 @@ def test_host_syncs_are_those_of_the_static_search(make_checkpoint):
     assert all(key.split(": ")[1] == "item" for key in loop(el)), el.syncs  # no nonzero, no copy to the host
 
 
-# ---------------------------------------------------------------- published agreement at d_model 256
-
-# The static search with EL-attention against the static search without it: identical outputs (greedy,
-# beam) among the first padded batch of 8 of the published fidelity workload (this fixture, one thread),
-# per CPU capability; over all 40 inputs:
-#   python -m bart_opt.bench.fidelity --static --el-attention --shape d256 --threads 1  (docs/el-attention.md)
-# AVX512: Xeon (Sapphire Rapids class) with AVX512_BF16 and AMX; AVX2: the same machine with
-# ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2. Other capabilities are
-# held to the near-tie property only (`test_el_attention.NEAR_TIE`, as EL-attention's default search).
-PUBLISHED_EL_STATIC_IDENTICAL = {
-    "AVX512": {"float32": (8, 8), "float16": (6, 5), "bfloat16": (1, 0)},
-    "AVX2": {"float32": (8, 8), "float16": (5, 4), "bfloat16": (0, 1)},
-}
-# Where a capability's published largest gap is above NEAR_TIE: under the AVX2 limits the static search itself
-# differs from the default in bfloat16 beam search by up to 0.0101 (test_static_generation.PUBLISHED_STATIC),
-# and EL-attention's outputs against it by up to 0.0100 over the 40 inputs (docs/el-attention.md); against the
-# default they stay within 0.0029.
-PUBLISHED_EL_STATIC_GAPS = {"AVX2": {("bfloat16", "beam"): 1.01e-2}}
-
-
-@pytest.fixture(scope="module", params=["float32", "float16", "bfloat16"])
-def wide(request, d256):
-    """The static search's outputs with and without EL-attention for the d256 batch, in one dtype."""
-    dtype = getattr(torch, request.param)
-    model = Bart.from_pretrained(d256, dtype=dtype, static=True)
-    inputs = make_inputs(model.config, WORK)[: WORK.batch_size]
-    ids, mask = padded(inputs, model.config.pad_token_id)
-    assert (mask == 0).any() and ids.shape[1] > 100, "a padded batch with long inputs"
-    out = {"dtype": request.param, "model": model, "inputs": inputs}
-    for search, beams in (("greedy", 1), ("beam", WORK.num_beams)):
-        kwargs = WORK.settings(beams)
-        runs = []
-        for el in (False, True):
-            model.el_attention = el
-            got = model.generate(ids, mask, **kwargs)
-            assert got.shape[1] == 1 + WORK.new_tokens, "outputs run to the full 40 new tokens"
-            runs.append([strip(row, model.config.pad_token_id) for row in got])
-        model.el_attention = False
-        out[search] = runs
-    return out
+# ---------------------------------------------------------------- agreement at d_model 256
 
 
 @pytest.mark.parametrize("search", ["greedy", "beam"])
-def test_wide_padded_batch_keeps_the_published_agreement_with_the_static_search(wide, d256, search):
-    hf = BartForConditionalGeneration.from_pretrained(d256, dtype=getattr(torch, wide["dtype"])).eval()
-    spec = wide["model"].generation_spec(WORK.settings(1 if search == "greedy" else WORK.num_beams))
-    assert_published_agreement(PUBLISHED_EL_STATIC_IDENTICAL, wide["dtype"], search, *wide[search], hf,
-                               wide["inputs"], spec, PUBLISHED_EL_STATIC_GAPS)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_the_static_search_with_el_attention_differs_from_transformers_only_by_near_ties(published_batch, dtype,
+                                                                                         search):
+    """The published batch, every beam step checked; identical counts are figures
+    (`python -m bart_opt.bench.fidelity --static --el-attention --shape d256 --threads 1`, docs/el-attention.md)."""
+    batch = published_batch(dtype)
+    batch.run(el_static(batch.path, getattr(torch, dtype)), search).report.assert_holds(f"static + EL {dtype} {search}")
 
 
 def test_the_fidelity_bench_measures_the_static_search_with_el_attention(tmp_path, capsys):

@@ -8,7 +8,9 @@ import torch
 
 from bart_opt import Bart, generation
 from bart_opt.cache import KVCache
+from bart_opt.bench.near_ties import BeamTrace
 from bart_opt.memory import LiveTensorCounter
+from tests.bart_opt.agreement import assert_agrees, generate_agreeing
 from tests.bart_opt.reference import batch, reference_model
 
 # eos_bias makes random weights end their sequences at varied, input-dependent lengths.
@@ -51,10 +53,9 @@ def test_uneven_batch_matches_transformers(checkpoint, case):
     ids, mask = batch(checkpoint, (1, 5, 2, 3, 1), seed=3)
     expected = reference_generate(checkpoint, ids, mask, **CASES[case])
     model = Bart.from_pretrained(checkpoint)
-    for exact in (False, True):
+    for exact in (False, True):  # exact: bit for bit; the default: the same ids or near-ties (agreement.py)
         model.exact = exact
-        got = model.generate(ids, mask, **CASES[case])
-        assert torch.equal(got, expected), f"exact={exact}\nours:\n{got}\ntransformers:\n{expected}"
+        generate_agreeing(model, ids, mask, checkpoint, expected=expected, **CASES[case])
 
 
 @pytest.mark.parametrize("case", ["greedy", "checkpoint_defaults", "negative_length_penalty"])
@@ -62,7 +63,8 @@ def test_batch_of_one_matches_transformers(checkpoint, case):
     ids, mask = batch(checkpoint, (3,), seed=5)
     expected = reference_generate(checkpoint, ids, mask, **CASES[case])
     for exact in (False, True):
-        assert torch.equal(Bart.from_pretrained(checkpoint, exact=exact).generate(ids, mask, **CASES[case]), expected)
+        generate_agreeing(Bart.from_pretrained(checkpoint, exact=exact), ids, mask, checkpoint, expected=expected,
+                          **CASES[case])
 
 
 def test_finished_inputs_leave_the_working_batch(make_checkpoint, monkeypatch):
@@ -71,10 +73,9 @@ def test_finished_inputs_leave_the_working_batch(make_checkpoint, monkeypatch):
     kept_rows = []
     original_keep = KVCache.keep
     monkeypatch.setattr(KVCache, "keep", lambda self, rows: (kept_rows.append(len(rows)), original_keep(self, rows)))
-    got = Bart.from_pretrained(path).generate(ids, mask, num_beams=4, min_length=0)
+    generate_agreeing(Bart.from_pretrained(path), ids, mask, path, num_beams=4, min_length=0)
     assert kept_rows, "no input left the batch early"
     assert kept_rows == sorted(kept_rows, reverse=True) and kept_rows[-1] < 5 * 4
-    assert torch.equal(got, reference_generate(path, ids, mask, num_beams=4, min_length=0))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -217,7 +218,7 @@ def test_exact_mode_holds_per_beam_cross_attention_state_for_one_layer_only(make
 
 
 def _steps_and_ids(model, ids, mask, cancelled, **options):
-    """Working rows fed to each decoder step, and the generated ids, of one generate call."""
+    """Working rows fed to each decoder step, the generated ids, and the `BeamTrace` of one generate call."""
     rows = []
     original = model.decode_step
 
@@ -227,7 +228,9 @@ def _steps_and_ids(model, ids, mask, cancelled, **options):
 
     model.decode_step = spy
     try:
-        return rows, model.generate(ids, mask, cancelled=cancelled, **options)
+        with BeamTrace() as trace:
+            got = model.generate(ids, mask, cancelled=cancelled, **options)
+        return rows, got, trace
     finally:
         del model.decode_step
 
@@ -239,11 +242,12 @@ def _unpadded(row: torch.Tensor, pad: int) -> list[int]:
     return tokens
 
 
-def _assert_rows_1_and_3_cancelled(model, got: torch.Tensor, expected: torch.Tensor) -> None:
-    """Rows 0, 2 and 4 of `got` equal `expected`'s (padding aside); rows 1 and 3 hold the start token alone."""
+def _assert_rows_1_and_3_cancelled(model, ids, mask, got: torch.Tensor, trace, path: str, expected: torch.Tensor,
+                                   **options) -> None:
+    """Rows 0, 2 and 4 of `got` agree with transformers' `expected` (`assert_agrees`); rows 1 and 3 hold the
+    start token alone."""
     pad, start = model.config.pad_token_id, model.generation_config.decoder_start_token_id
-    for row in (0, 2, 4):
-        assert _unpadded(got[row], pad) == _unpadded(expected[row], pad), row
+    assert_agrees(model, ids, mask, got, path, trace=trace, expected=expected, compare=[0, 2, 4], **options)
     for row in (1, 3):
         assert _unpadded(got[row], pad) == [start]
 
@@ -262,11 +266,11 @@ def test_cancelled_rows_leave_after_the_step_and_the_others_match_transformers(m
         polls.append(len(polls))
         return {1, 3} if len(polls) >= 2 else set()
 
-    rows, got = _steps_and_ids(model, ids, mask, cancelled, **options)
+    rows, got, trace = _steps_and_ids(model, ids, mask, cancelled, **options)
     assert len(polls) == len(rows)  # polled once per decoder step
     assert rows[:2] == [5 * beams] * 2
     assert rows[2] <= 3 * beams  # gone from the very next step
-    _assert_rows_1_and_3_cancelled(model, got, expected)
+    _assert_rows_1_and_3_cancelled(model, ids, mask, got, trace, path, expected, **options)
 
 
 @pytest.mark.parametrize("beams", [1, 3])
@@ -276,15 +280,15 @@ def test_exact_mode_keeps_cancelled_rows_in_the_batch_and_the_others_bit_for_bit
     options = dict(num_beams=beams, min_length=0, max_length=20)
     expected = reference_generate(path, ids, mask, **options)
     model = Bart.from_pretrained(path, exact=True)
-    rows, got = _steps_and_ids(model, ids, mask, lambda: {1, 3}, **options)
+    rows, got, trace = _steps_and_ids(model, ids, mask, lambda: {1, 3}, **options)
     assert set(rows) == {5 * beams}  # nobody left the batch
-    _assert_rows_1_and_3_cancelled(model, got, expected)
+    _assert_rows_1_and_3_cancelled(model, ids, mask, got, trace, path, expected, **options)
 
 
 def test_cancelling_every_row_ends_the_call(make_checkpoint):
     path = make_checkpoint(**CHECKPOINTS["base"])
     ids, mask = batch(path, (2, 3), seed=4)
     model = Bart.from_pretrained(path)
-    rows, got = _steps_and_ids(model, ids, mask, lambda: {0, 1}, num_beams=2, min_length=30, max_length=30)
+    rows, got, _ = _steps_and_ids(model, ids, mask, lambda: {0, 1}, num_beams=2, min_length=30, max_length=30)
     assert rows == [4]
     assert got.shape == (2, 1)

@@ -153,11 +153,14 @@ def evaluate_directly(summarizer, records, generation) -> tuple[dict, dict]:
 
 
 def prediction_rows(client, job_id: str) -> list[dict]:
-    """GET /evaluate/{id}/predictions, parsed line by line."""
+    """GET /evaluate/{id}/predictions, parsed line by line: split at "\n" only, as NDJSON is (`str.splitlines`
+    also splits at U+2028, U+0085 and others, which JSON leaves unescaped inside strings); every line ends with one."""
     response = client.get(f"/evaluate/{job_id}/predictions")
     assert response.status_code == 200, response.text
     assert response.headers["content-type"].startswith("application/x-ndjson")
-    return [json.loads(line) for line in response.text.splitlines()]
+    lines = response.text.split("\n")
+    assert lines[-1] == "", "the body ends with a newline"
+    return [json.loads(line) for line in lines[:-1]]
 
 
 class FaultyCursor(sqlite3.Cursor):

@@ -48,7 +48,7 @@ def test_sigkill_mid_job_then_restart_finishes_every_example_once_with_the_same_
 
     with ServerProcess(demo_checkpoint, tmp_path / "second.log", settings) as server:
         view = poll_server(server, job_id, lambda view: view["status"] not in ("queued", "running"))
-        lines = httpx.get(f"{server.url}/evaluate/{job_id}/predictions", timeout=30).text.splitlines()
+        lines = httpx.get(f"{server.url}/evaluate/{job_id}/predictions", timeout=30).text.split("\n")[:-1]
         replay = httpx.post(f"{server.url}/evaluate", json=body, headers=key, timeout=30)
     assert view["status"] == "succeeded", view["error"]
     progress = view["progress"]

@@ -65,7 +65,7 @@ def test_three_replicas_one_killed_mid_job_every_example_once_and_the_same_rouge
         views = [poll_server(survivors[k % 2], job_id, lambda view: view["status"] not in ("queued", "running"))
                  for k, job_id in enumerate(jobs)]
         rows = [[json.loads(line) for line in httpx.get(f"{survivors[(k + 1) % 2].url}/evaluate/{job_id}/predictions",
-                                                        timeout=30).text.splitlines()] for k, job_id in enumerate(jobs)]
+                                                        timeout=30).text.split("\n")[:-1]] for k, job_id in enumerate(jobs)]
         compared = [httpx.get(f"{s.url}/compare", params={"jobs": f"{jobs[0]},{jobs[2]}"}, timeout=60)
                     for s in survivors]
         scraped = [samples(httpx.get(f"{s.url}/metrics", timeout=30).text) for s in survivors]

@@ -35,6 +35,15 @@ pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in th
 WORKERS = 2
 # Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
 RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "tests/bart_opt/test_distributed.py"}
+# The long end-to-end runs, marked `long`: the README's test command leaves them out (pyproject's addopts,
+# ``-m "not long"``) to stay within 8 minutes on 2 cores, and `.ci/run` runs them after it
+# (``python3 -m pytest -q -m long``). Whole files (the image; Ray started and killed; several service processes
+# killed and restarted), single tests (a whole benchmark command), and every test that uses `ray_cluster`.
+LONG_FILES = {"tests/docker/test_image.py", "tests/bart_opt/test_distributed.py", "tests/app/jobs/test_ray_runner.py",
+              "tests/app/jobs/test_replicas.py", "tests/app/jobs/test_crash_resume.py",
+              "tests/app/jobs/test_processes.py"}
+LONG_TESTS = {"tests/bart_opt/bench/test_vs_peers.py::test_tiny_peer_run_end_to_end",
+              "tests/bart_opt/bench/test_primitive_cache.py::test_a_small_run_writes_the_same_summaries_at_both_capacities"}
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own, which turns the worker count into its settings
@@ -82,6 +91,14 @@ def pytest_collection_modifyitems(config, items) -> None:
         config.option.loadgroup = True
     for item in items:
         item.add_marker(pytest.mark.xdist_group(xdist_group(item.nodeid)))
+        if is_long(item.nodeid, item.fixturenames):
+            item.add_marker(pytest.mark.long)
+
+
+def is_long(nodeid: str, fixtures) -> bool:
+    """Whether a test is one of the long end-to-end runs (see `LONG_FILES`)."""
+    path = nodeid.split("::", 1)[0]
+    return path in LONG_FILES or nodeid.split("[", 1)[0] in LONG_TESTS or "ray_cluster" in fixtures
 
 
 @pytest.fixture(scope="session")

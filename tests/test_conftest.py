@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import RAY_FILES, xdist_group
+from tests.conftest import LONG_FILES, LONG_TESTS, RAY_FILES, is_long, xdist_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,3 +21,12 @@ def test_ray_files_and_the_image_tests_form_one_group_each_and_other_files_their
     assert {path.relative_to(REPO).as_posix() for path in group_files("ray")} == RAY_FILES
     assert [path.name for path in group_files("docker")] == ["test_image.py"]
     assert xdist_group("tests/bart_opt/test_model.py::test_x[a]") == "tests/bart_opt/test_model.py"
+
+
+def test_the_long_runs_name_files_and_tests_that_exist():
+    assert all((REPO / path).is_file() for path in LONG_FILES)
+    for nodeid in LONG_TESTS:
+        path, name = nodeid.split("::")
+        assert f"def {name}(" in (REPO / path).read_text(), nodeid
+    assert is_long("tests/docker/test_image.py::test_x", ()) and is_long("tests/app/test_engine.py::t", ["ray_cluster"])
+    assert not is_long("tests/app/test_engine.py::t", ["engine"]) and not is_long("tests/bart_opt/test_model.py::t", ())

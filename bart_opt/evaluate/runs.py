@@ -7,10 +7,13 @@ folder as the sink (`RunFolder`) and the model's executor (a `Summarizer` runs i
 
 - ``predictions.jsonl``: one line per record (see `bart_opt.evaluate.rows`), appended and pushed
   to disk per batch; rerunning skips ids already there, and a torn last line is dropped;
-- ``run.json``: the model's identity, its checkpoint's content fingerprint (`bart_opt.fingerprint`),
-  the generation settings and the dataset's fingerprint, all checked on resume (`start_run`: the
-  one place a run folder is matched to a model): a folder refilled with another checkpoint under
-  the same name is refused, never mixed;
+- ``run.json``: the run record (`bart_opt.evaluate.record`: the model, its checkpoint's content
+  fingerprint (`bart_opt.fingerprint`), the engine as resolved, the generation and ROUGE settings,
+  the versions, the processor, the start time and the signature) and the dataset's fingerprint, all
+  checked on resume (`start_run`: the one place a run folder is matched to a run): a folder refilled
+  with another checkpoint under the same name, or resumed with another dtype, mode, quantization,
+  generation or ROUGE setting, is refused naming each field, never mixed; a version or processor
+  that changed is recorded (``history``) and warned of;
 - ``metrics.json``: at the end (`bart_opt.evaluate.metrics`), with the baselines asked for.
 
 A record that fails even alone (out of memory, or the model failing on it) gets a row with an
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,8 +40,9 @@ from bart_opt.baselines import check_baselines
 from bart_opt.data import Record
 from bart_opt.evaluate.core import Executor, ListSource, SummarizerExecutor, evaluate_records
 from bart_opt.evaluate.metrics import RowTotals, baseline_rows, compute_metrics, score_baselines
+from bart_opt.evaluate.record import check_resume, run_record
 from bart_opt.evaluate.rows import RowBatch
-from bart_opt.rouge import RougeScorer
+from bart_opt.rouge import RougeScorer, RougeSettings
 from bart_opt.runlock import RunLock
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
@@ -45,6 +50,8 @@ from bart_opt.summarizer import Summarizer
 PREDICTIONS_FILE = "predictions.jsonl"
 METRICS_FILE = "metrics.json"
 RUN_FILE = "run.json"
+
+logger = logging.getLogger("bart_opt.evaluate")
 
 
 def dataset_fingerprint(records: Iterable[Record], *, prefix: int | None = None) -> tuple[str, int, str | None]:
@@ -152,6 +159,7 @@ def run_evaluation(
     source: str | None = None,
     overwrite: bool = False,
     baselines: Sequence[str] = (),
+    rouge: RougeSettings | None = None,
 ) -> dict:
     """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
 
@@ -162,27 +170,34 @@ def run_evaluation(
     resumable directory). `source` names the dataset in run.json and in messages. `overwrite`
     deletes an earlier run in `out_dir` and starts over. `baselines` (e.g. ``["lead-3"]``, see
     `bart_opt.baselines`) are scored on the same records with the same scorer and reported under
-    ``metrics["baselines"][name]``. Raises `InvalidRequest` for bad generation options and
+    ``metrics["baselines"][name]``. `rouge` are the ROUGE settings (default: the model's scorer's),
+    recorded in run.json and metrics.json with the signature. Raises `InvalidRequest` for bad generation options and
     `UnknownBaselineError` for an unknown baseline (both before anything is written),
     `bart_opt.evaluate.core.FailureStreak` when the model fails on record after record, and
     ValueError when `out_dir` holds a run made with another model, another checkpoint (by content),
-    other generation settings or another dataset (ids, texts and references are fingerprinted), or
+    another engine (`bart_opt.evaluate.record.ResumeRefused`, naming each field), other generation or
+    ROUGE settings or another dataset (ids, texts and references are fingerprinted), or
     predictions without a run.json; `bart_opt.runlock.RunFolderBusy` (a ValueError) when another run
     holds the folder.
     """
     baselines = check_baselines(baselines)
     executor = SummarizerExecutor(model) if isinstance(model, Summarizer) else model
     spec = executor.generation_spec(generation_kwargs)
+    rouge = rouge or executor.model.scorer.settings
     out = Path(out_dir)
     with RunLock(out):
-        run = {**executor.identity(), "fingerprint": executor.fingerprint, "generation": spec.to_dict()}
-        start_run(out, run, records, source, overwrite=overwrite)
-        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines)
+        run = run_record(system="bart", model=executor.identity()["model"], fingerprint=executor.fingerprint,
+                         generation=spec.to_dict(), engine=executor.engine_record(), rouge=rouge,
+                         processor_info=executor.processor())
+        notes = start_run(out, run, records, source, overwrite=overwrite)
+        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines, run, notes)
 
 
 def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spec: GenerationSpec, progress: bool,
-                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str]) -> dict:
-    """`run_evaluation`'s work once the folder is locked and matched to the run."""
+                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str], run: dict,
+                   notes: list[str]) -> dict:
+    """`run_evaluation`'s work once the folder is locked and matched to the run (`run`, the record)."""
+    rouge = RougeSettings.from_dict(run["rouge_settings"])
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -195,14 +210,16 @@ def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spe
         folder = RunFolder(out, written)
         done = len({record.id for record in records} & folder.done)
         bar.update(done)
-        report = evaluate_records(ListSource(records), folder, executor, spec)
-    metrics = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict())
+        report = evaluate_records(ListSource(records), folder, executor, spec, rouge=rouge)
+    metrics = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict(),
+                              scorer=rouge.scorer(), run=run)
+    metrics["warnings"] = notes + metrics["warnings"]
     metrics["wall_s_last_run"] = time.perf_counter() - start
     # Inside this process's model calls; the rest of the wall time is tokenizing, decoding, ROUGE and I/O.
     metrics["model_s_last_run"] = report.model_seconds if executor.in_process else None
     metrics["resumed_from"] = done
     if baselines:
-        metrics["baselines"] = score_baselines(baselines, records, executor.model.scorer)
+        metrics["baselines"] = score_baselines(baselines, records, rouge.scorer())
     (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
     return metrics
 
@@ -210,10 +227,12 @@ def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spe
 def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str | Path,
                             scorer: RougeScorer | None = None, *, source: str | None = None,
                             overwrite: bool = False) -> dict:
-    """Evaluate baseline `name` into `out_dir` as `run_evaluation` does a model.
+    """Evaluate baseline `name` into `out_dir` as `run_evaluation` does a model, scored with `scorer`
+    (default: `RougeScorer()`; its settings are recorded).
 
-    Writes run.json (model `name`, no generation settings, ``"baseline": true`` and the dataset's
-    fingerprint, checked against an earlier run there as for a model), predictions.jsonl
+    Writes run.json (model `name`, no generation settings, ``"system": "baseline"``, ``"baseline": true``,
+    the ROUGE settings and the dataset's fingerprint, checked against an earlier run there as for a
+    model), predictions.jsonl
     (rewritten whole: a baseline takes milliseconds, so there is nothing to resume) and
     metrics.json; returns the metrics. `source` and `overwrite` are run_evaluation's. Raises
     ValueError when `out_dir` holds another run (another model, baseline or dataset).
@@ -222,23 +241,26 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
     scorer = scorer or RougeScorer()
     out = Path(out_dir)
     with RunLock(out):
-        start_run(out, {"model": name, "generation": None, "baseline": True}, records, source, overwrite=overwrite)
+        run = run_record(system="baseline", model=name, rouge=scorer.settings, baseline=True)
+        notes = start_run(out, run, records, source, overwrite=overwrite)
         start = time.perf_counter()
         rows = list(baseline_rows(name, records, scorer))
         (out / PREDICTIONS_FILE).write_text("".join(_line(row) for row in rows), encoding="utf-8")
         metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
+        metrics["warnings"] = notes + metrics["warnings"]
         metrics["wall_s_last_run"] = time.perf_counter() - start
         metrics["resumed_from"] = 0
         (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
         return metrics
 
 
-def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> None:
-    """Make `out` ready for `run` (its ``model`` and ``generation``) on `records`, before anything is written.
+def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> list[str]:
+    """Make `out` ready for `run` (a `bart_opt.evaluate.record.run_record`) on `records`, before anything is written.
 
     `overwrite` first deletes an earlier run's files there; otherwise an earlier run must match
     (see `_check_run_file`), and predictions without a run.json are refused. Records the run, with
-    its dataset's fingerprint, in run.json. The caller holds the folder's `RunLock`.
+    its dataset's fingerprint, in run.json, and returns the warnings of resuming it (versions or
+    processor that changed: also logged). The caller holds the folder's `RunLock`.
     """
     if overwrite:
         for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
@@ -248,14 +270,20 @@ def start_run(out: Path, run: dict, records: Sequence[Record], source: str | Non
         raise ValueError(f"{out} holds {PREDICTIONS_FILE} but no {RUN_FILE}, so nothing says which model, checkpoint "
                          "or dataset made those predictions and they are not resumed; use another output directory, "
                          "or --overwrite to start over")
-    _check_run_file(out / RUN_FILE, run, records, source)
+    notes = _check_run_file(out / RUN_FILE, run, records, source)
+    for note in notes:
+        logger.warning("%s", note)
+    return notes
 
 
-def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> None:
-    """Check the run's model, settings and dataset against an earlier run's in `path`, then record them.
+def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> list[str]:
+    """Check the run's record and dataset against an earlier run's in `path`, then record them; the
+    warnings of resuming it.
 
     The dataset may grow (the earlier run's records must be its start: a rerun with a larger
-    ``--limit``); anything else that differs is refused before anything is written.
+    ``--limit``); the versions, the processor and the batch budgets may change (warned, and the
+    earlier run's kept under ``history``); anything else that differs is refused before anything is
+    written (`bart_opt.evaluate.record.check_resume`).
     """
     earlier = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
     where = path.parent
@@ -263,14 +291,9 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
     fingerprint, count, prefix = dataset_fingerprint(records, prefix=before.get("records") if before else None)
     dataset = {"source": source, "records": count, "fingerprint": fingerprint}
     current = {**json.loads(json.dumps(run)), "dataset": dataset}
+    notes: list[str] = []
     if earlier is not None:
-        settings = {key: current[key] for key in ("model", "generation")}
-        earlier_settings = {key: earlier.get(key) for key in settings}
-        if earlier_settings != settings:
-            raise ValueError(
-                f"{where} holds a run with other settings ({json.dumps(earlier_settings)}), not "
-                f"{json.dumps(settings)}; use another output directory, or --overwrite to start over"
-            )
+        changed = check_resume(str(where), earlier, current)
         _check_checkpoint(where, earlier, current)
         if before is None:
             raise ValueError(f"{where} holds a run that does not record its dataset, so resuming it could mix two "
@@ -282,8 +305,13 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
                 f"{shorter}; rerun with that dataset to resume, use another output directory, or --overwrite to "
                 "start over"
             )
+        notes = [f"{where} was started otherwise ({'; '.join(changed)}); resumed, and the earlier run's record "
+                 f"kept in {RUN_FILE} under history"] if changed else []
+        earlier_start = {key: earlier.get(key) for key in ("started_at", "versions", "processor", "engine")}
+        current["history"] = [*earlier.get("history", []), earlier_start]
     where.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+    return notes
 
 
 def _check_checkpoint(where: Path, earlier: Mapping[str, Any], current: Mapping[str, Any]) -> None:

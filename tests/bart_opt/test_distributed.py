@@ -222,8 +222,8 @@ def test_a_replica_killed_mid_run_is_replaced_and_every_example_is_written_once(
         def __getattr__(self, name):
             return getattr(pool, name)
 
-        def run(self, source, spec, control):
-            for batch in pool.run(source, spec, control):
+        def run(self, source, spec, control, rouge=None):
+            for batch in pool.run(source, spec, control, rouge):
                 replicas.append(int(batch.replica.rsplit(":", 1)[1]))
                 if not killed:
                     os.kill(replicas[0], signal.SIGKILL)

@@ -171,7 +171,7 @@ def test_metrics_from_rows_streams_in_record_order(full_run, summarizer, records
     out, metrics = full_run
     by_id = {row["id"]: row for row in read_lines(out / "predictions.jsonl")}
     streamed = metrics_from_rows((by_id[r.id] for r in records), model=summarizer,
-                                 generation=metrics["generation"])
+                                 generation=metrics["generation"], record=json.loads((out / "run.json").read_text()))
     assert streamed == {k: v for k, v in metrics.items() if k not in ("wall_s_last_run", "model_s_last_run", "resumed_from")}
 
 

@@ -104,7 +104,7 @@ class JsonlPredictionStore:
     def append(self, rows: Sequence[dict]) -> None:
         """Append rows and push them to disk before returning."""
         with self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(_line(row) for row in rows))
+            f.write("".join(json_line(row) for row in rows))
             f.flush()
             os.fsync(f.fileno())
 
@@ -137,7 +137,7 @@ def parse_row(line: str | bytes, path: str | Path, number: int) -> dict:
     return row
 
 
-def _line(row: Mapping[str, Any]) -> str:
+def json_line(row: Mapping[str, Any]) -> str:
     """`row` as one JSON line: UTF-8 as is, or escaped where a value is not valid text (a lone
     surrogate in an id, which JSON can carry but UTF-8 cannot)."""
     line = json.dumps(row, ensure_ascii=False)
@@ -245,7 +245,7 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
         notes = start_run(out, run, records, source, overwrite=overwrite)
         start = time.perf_counter()
         rows = list(baseline_rows(name, records, scorer))
-        (out / PREDICTIONS_FILE).write_text("".join(_line(row) for row in rows), encoding="utf-8")
+        (out / PREDICTIONS_FILE).write_text("".join(json_line(row) for row in rows), encoding="utf-8")
         metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
         metrics["warnings"] = notes + metrics["warnings"]
         metrics["wall_s_last_run"] = time.perf_counter() - start

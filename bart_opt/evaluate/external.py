@@ -86,8 +86,8 @@ def _reference(value: Any, record_id: str, column: str) -> str | tuple[str, ...]
                          "or a list of strings (several references)")
     for k, text in enumerate(values):
         if not isinstance(text, str) or not text.strip():
-            where = column if isinstance(value, str) else f"{column}[{k}]"
-            raise ValueError(f"record {record_id!r}: {where} is empty or not a string")
+            where = repr(column) if isinstance(value, str) else f"{column!r}[{k}]"
+            raise ValueError(f"record {record_id!r}: column {where} is empty or not a string")
     return value if isinstance(value, str) else tuple(values)
 
 

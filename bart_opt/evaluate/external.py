@@ -8,6 +8,9 @@ reference a prediction). A reference is a string, or a list of strings for sever
 (Multi-News, DUC): it is then scored as rouge-score's ``score_multi`` does, the best reference
 per type (`bart_opt.rouge.RougeScorer.score_multi`). CSV holds strings only: one reference each.
 
+`ScoringExecutor` is the same scoring as an executor of the evaluation core (`bart_opt.evaluate.core`),
+for the service's jobs of another system's predictions: each record's text is its prediction.
+
 `run_scoring` writes the same run folder as ``bart-opt evaluate`` (`bart_opt.evaluate.runs`):
 ``run.json`` (a run record with ``"system": "external"``, the file's name, size and sha256 and the
 dataset's fingerprint), ``predictions.jsonl`` (a baseline's row shape: ``id``, ``prediction``,
@@ -23,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +34,7 @@ from typing import Any
 from bart_opt.data import MissingColumnError, Record, check_id
 from bart_opt.evaluate.metrics import RowTotals
 from bart_opt.evaluate.record import run_record
-from bart_opt.evaluate.rows import baseline_row
+from bart_opt.evaluate.rows import REFUSED, SCORED, RowBatch, baseline_row, refused_row
 from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, json_line, start_run
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES, file_format, file_rows
 from bart_opt.rouge import RougeSettings
@@ -173,4 +176,54 @@ def run_scoring(predictions: str | Path, out_dir: str | Path, *, rouge: RougeSet
         return metrics
 
 
-__all__ = ["Columns", "file_fingerprint", "read_predictions", "run_scoring"]
+class ScoringExecutor:
+    """An executor of the evaluation core that scores predictions instead of running a model: each
+    pending record's text is a prediction, scored against its reference (one `SCORED` batch a window;
+    records refused before, `REFUSED`). `name` names the system."""
+
+    in_process = True
+    fingerprint = None
+
+    def __init__(self, name: str = "external", rouge: RougeSettings | None = None):
+        self.name = name
+        self.rouge = rouge or RougeSettings()
+
+    @property
+    def model(self) -> ScoringExecutor:
+        return self
+
+    @property
+    def scorer(self):
+        return self.rouge.scorer()
+
+    def identity(self) -> dict[str, Any]:
+        return {"model": self.name}
+
+    def engine_record(self) -> None:
+        return None
+
+    def processor(self) -> None:
+        return None
+
+    def run(self, source: Any, spec: Any, control: Any, rouge: RougeSettings | None = None) -> Iterator[RowBatch]:
+        scorer = (rouge or self.rouge).scorer()
+        for window in source.windows():
+            if control.stopping:
+                return
+            refused = [p for p in window if p.refused is not None]
+            if refused:
+                yield RowBatch([refused_row(p.record, p.refused) for p in refused], [p.position for p in refused],
+                               REFUSED)
+            kept = [p for p in window if p.refused is None]
+            if kept:
+                yield RowBatch(list(_scored(kept, scorer)), [p.position for p in kept], SCORED)
+
+
+def _scored(pending: Sequence[Any], scorer: Any) -> Iterator[dict]:
+    for p in pending:
+        start = time.perf_counter()
+        rouge = scorer.score_any(p.record.text, p.record.reference) if p.record.reference is not None else None
+        yield baseline_row(p.record, p.record.text, rouge, time.perf_counter() - start)
+
+
+__all__ = ["Columns", "ScoringExecutor", "file_fingerprint", "read_predictions", "run_scoring"]

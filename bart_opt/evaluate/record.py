@@ -33,7 +33,6 @@ from bart_opt.rouge import SCORE_FIELDS, RougeSettings, settings_differences
 ENGINE_FIELDS = ("dtype", "mode", "static", "el_attention", "quantize", "device")  # a difference changes predictions
 BUDGET_FIELDS = ("max_batch_tokens", "max_batch_size")  # recorded; a difference is a warning
 SYSTEMS = ("bart", "baseline", "external")
-_ABBREVIATED = {"el_attention": "el", "quantize": "quant"}
 
 
 class ResumeRefused(ValueError):
@@ -54,10 +53,10 @@ def engine_record(*, dtype: str, mode: str, static: bool, el_attention: bool, qu
 
 def engine_key(engine: Mapping[str, Any] | None) -> str | None:
     """The engine's fields that change a prediction, as one string: what a job's engine and a
-    replica's must share (``dtype:float32|mode:default|static:no|el:no|quant:none|device:cpu``)."""
+    replica's must share (``dtype:float32|mode:default|static:no|el_attention:no|quantize:none|device:cpu``)."""
     if engine is None:
         return None
-    return "|".join(f"{_ABBREVIATED.get(name, name)}:{_shown(engine.get(name))}" for name in ENGINE_FIELDS)
+    return "|".join(f"{name}:{_shown(engine.get(name))}" for name in ENGINE_FIELDS)
 
 
 def versions(rouge: RougeSettings | None = None) -> dict:
@@ -100,8 +99,8 @@ def run_record(*, system: str, model: str, rouge: RougeSettings, engine: Mapping
 
 def signature(record: Mapping[str, Any], nrefs: str | int = 1) -> str:
     """The sacrebleu-style signature of a run record: its ROUGE settings' (`RougeSettings.signature`),
-    then the system: ``system:bart|model:<fingerprint, 12 hex>|dtype:float32|mode:default|static:no|el:no|
-    quant:none|device:cpu|cpu:AVX2|bart-opt:0.1.0|torch:2.13.0|transformers:5.2.0``. Two numbers are
+    then the system: ``system:bart|model:<fingerprint, 12 hex>|dtype:float32|mode:default|static:no|
+    el_attention:no|quantize:none|device:cpu|cpu:AVX2|bart-opt:0.1.0|torch:2.13.0|transformers:5.2.0``. Two numbers are
     comparable when the parts before ``system`` agree."""
     rouge = RougeSettings.from_dict(record.get("rouge_settings") or {})
     parts = [rouge.signature(nrefs), f"system:{record.get('system', 'bart')}"]

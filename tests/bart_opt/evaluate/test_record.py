@@ -49,7 +49,7 @@ def test_run_json_holds_the_whole_record_and_metrics_the_same_signature(first_ru
     assert run["processor"]["cpu"]  # the ISA key: AVX2, AVX512, ...
     assert run["started_at"].endswith("Z")
     assert run["signature"] == metrics["signature"]  # one reference each: nrefs:1 in both
-    assert "tok:default" in run["signature"] and "quant:none" in run["signature"] and "dtype:float32" in run["signature"]
+    assert "tok:default" in run["signature"] and "quantize:none" in run["signature"] and "dtype:float32" in run["signature"]
     assert metrics["rouge_settings"] == run["rouge_settings"]
 
 
@@ -121,6 +121,6 @@ def test_the_signature_names_the_engine_and_the_scoring():
                                         "quantize": "int8", "device": "cpu"}, "processor": {"cpu": "AVX2"}}
     text = signature(record, nrefs="1-3")
     assert text.startswith("nrefs:1-3|rouge:1,2,L,Lsum|tok:script|lang:zh|stem:none|split:punkt+marks|point:mean|")
-    assert "system:bart|model:abababababab|dtype:bfloat16|mode:fast|static:yes|el:no|quant:int8|device:cpu|cpu:AVX2" \
-        in text
-    assert engine_key(record["engine"]) == "dtype:bfloat16|mode:fast|static:yes|el:no|quant:int8|device:cpu"
+    assert ("system:bart|model:abababababab|dtype:bfloat16|mode:fast|static:yes|el_attention:no|quantize:int8|"
+            "device:cpu|cpu:AVX2") in text
+    assert engine_key(record["engine"]) == "dtype:bfloat16|mode:fast|static:yes|el_attention:no|quantize:int8|device:cpu"

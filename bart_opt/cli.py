@@ -301,6 +301,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from bart_opt.baselines import check_baselines, is_baseline
     from bart_opt.data import load_records
     from bart_opt.evaluate import FailureStreak, run_baseline_evaluation, run_evaluation
+    from bart_opt.evaluate.stored import check_run_folder
 
     baselines = check_baselines(args.baselines)
     rouge = rouge_settings(args)
@@ -310,6 +311,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             raise CliError(f"--baselines compares a model with baselines; {args.model} is a baseline itself")
     if args.data is not None and not Path(args.data).is_file():
         raise CliError(f"no such file: {args.data}")
+    check_run_folder(args.out, overwrite=args.overwrite)  # the stored rows and files, before the model loads
     records = load_records(
         hub=args.dataset, config=args.dataset_config, split=args.split, file=args.data,
         text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,

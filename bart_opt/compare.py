@@ -37,7 +37,6 @@ does I/O except `load_run`, which reads a run folder.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +45,9 @@ from pathlib import Path
 import numpy as np
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, parse_row
+from bart_opt.evaluate.stored import (
+    METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, ComparedRow, MetricsFile, RunFile, read_json_file, read_rows,
+)
 from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES, INTERVAL_FIELDS, mean, settings_differences
 
 MEASURE = "fmeasure"
@@ -320,7 +321,7 @@ def _compare_pair(base: Run, run: Run, base_rows: Mapping[str, dict], run_rows: 
 def load_run(folder: str | Path) -> Run:
     """A ``bart-opt evaluate`` output folder as a `Run` named after the folder.
 
-    Reads ``predictions.jsonl`` (every line must be a complete prediction row) and, when present,
+    Reads ``predictions.jsonl`` (every line a prediction row, checked by `bart_opt.evaluate.stored`) and, when present,
     ``run.json`` (system, model, generation, ROUGE settings, signature) and ``metrics.json`` (the run's
     own ROUGE intervals, its signature and warnings) into ``info``. Raises FileNotFoundError or
     ValueError naming the file and line at fault.
@@ -329,13 +330,12 @@ def load_run(folder: str | Path) -> Run:
     predictions = path / PREDICTIONS_FILE
     if not predictions.is_file():
         raise FileNotFoundError(f"{path} has no {PREDICTIONS_FILE}; give the --out folder of a bart-opt evaluate run")
-    with predictions.open(encoding="utf-8") as f:
-        rows = [parse_row(line, predictions, number) for number, line in enumerate(f, start=1) if line.strip()]
+    rows = read_rows(predictions, ComparedRow)
     info: dict = {"path": str(path)}
-    for name, keys in ((RUN_FILE, ("system", "model", "generation", "rouge_settings", "signature")),
-                       (METRICS_FILE, ("rouge", "signature", "warnings"))):
+    for name, schema, keys in ((RUN_FILE, RunFile, ("system", "model", "generation", "rouge_settings", "signature")),
+                               (METRICS_FILE, MetricsFile, ("rouge", "signature", "warnings"))):
         if (path / name).is_file():
-            content = json.loads((path / name).read_text(encoding="utf-8"))
+            content = read_json_file(path / name, schema)
             info.update({key: content.get(key) for key in keys if content.get(key) is not None or key not in info})
     return Run(name=path.name or str(path), rows=rows, info=info)
 

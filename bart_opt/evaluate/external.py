@@ -36,6 +36,7 @@ from bart_opt.evaluate.metrics import RowTotals
 from bart_opt.evaluate.record import run_record
 from bart_opt.evaluate.rows import REFUSED, SCORED, RowBatch, baseline_row, refused_row
 from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, json_line, start_run
+from bart_opt.evaluate.stored import check_out, write_run_file
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES, file_format, file_rows
 from bart_opt.rouge import RougeSettings
 from bart_opt.runlock import RunLock
@@ -161,6 +162,7 @@ def run_scoring(predictions: str | Path, out_dir: str | Path, *, rouge: RougeSet
         extra["references_file"] = file_fingerprint(Path(references))
     run = run_record(system="external", model=name or path.stem, rouge=rouge, **extra)
     out = Path(out_dir)
+    check_out(out)
     with RunLock(out):
         notes = start_run(out, run, [record for record, _ in pairs], str(path), overwrite=overwrite)
         rows = []
@@ -168,11 +170,11 @@ def run_scoring(predictions: str | Path, out_dir: str | Path, *, rouge: RougeSet
             start = time.perf_counter()
             score = scorer.score_any(prediction, record.reference)
             rows.append(baseline_row(record, prediction, score, time.perf_counter() - start))
-        (out / PREDICTIONS_FILE).write_text("".join(json_line(row) for row in rows), encoding="utf-8")
+        write_run_file(out / PREDICTIONS_FILE, "".join(json_line(row) for row in rows))
         metrics = RowTotals(scorer).added(rows).external_metrics(run)
         metrics["warnings"] = notes + metrics["warnings"]
         metrics["resumed_from"] = 0
-        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
         return metrics
 
 

@@ -42,14 +42,15 @@ from bart_opt.evaluate.core import Executor, ListSource, SummarizerExecutor, eva
 from bart_opt.evaluate.metrics import RowTotals, baseline_rows, compute_metrics, score_baselines
 from bart_opt.evaluate.record import check_resume, run_record
 from bart_opt.evaluate.rows import RowBatch
+from bart_opt.evaluate.stored import (
+    METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, RunFile, check_out, check_run_folder, open_run_file, parse_rows, read_json_file,
+    write_run_file,
+)
 from bart_opt.rouge import RougeScorer, RougeSettings
 from bart_opt.runlock import RunLock
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
 
-PREDICTIONS_FILE = "predictions.jsonl"
-METRICS_FILE = "metrics.json"
-RUN_FILE = "run.json"
 
 logger = logging.getLogger("bart_opt.evaluate")
 
@@ -79,7 +80,9 @@ class JsonlPredictionStore:
 
     Only newline-terminated lines count: `load` drops a torn last line (a run killed
     mid-write) by truncating the file to the last complete line, so appends stay valid.
-    A broken line elsewhere is an error naming its line number.
+    Every other line is checked (`bart_opt.evaluate.stored.PredictionRow`, ids unique): a broken
+    one is a `bart_opt.evaluate.stored.StoredFileError` naming its line and field. The file is
+    never opened through a symbolic link.
     """
 
     def __init__(self, path: str | Path):
@@ -87,24 +90,19 @@ class JsonlPredictionStore:
 
     def load(self) -> dict[str, dict]:
         """Rows already written, by id; repairs a torn last line."""
-        if not self.path.exists():
+        if not self.path.exists() and not self.path.is_symlink():
             return {}
-        data = self.path.read_bytes()
-        complete = data.rfind(b"\n") + 1
-        if complete < len(data):
-            with self.path.open("r+b") as f:
+        with open_run_file(self.path, os.O_RDWR) as f:
+            data = f.read()
+            complete = data.rfind(b"\n") + 1
+            if complete < len(data):
                 f.truncate(complete)
-        rows: dict[str, dict] = {}
-        for number, line in enumerate(data[:complete].splitlines(), start=1):
-            if line.strip():
-                row = parse_row(line, self.path, number)
-                rows[str(row["id"])] = row
-        return rows
+        return {row["id"]: row for _, row in parse_rows(data[:complete], self.path)}
 
     def append(self, rows: Sequence[dict]) -> None:
         """Append rows and push them to disk before returning."""
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(json_line(row) for row in rows))
+        with open_run_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT) as f:
+            f.write("".join(json_line(row) for row in rows).encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
 
@@ -124,17 +122,6 @@ class RunFolder:
         self.store.append(batch.rows)
         self.rows.update((row["id"], row) for row in batch.rows)
         self.on_write(batch.rows)
-
-
-def parse_row(line: str | bytes, path: str | Path, number: int) -> dict:
-    """The prediction row on line `number` of `path`; ValueError naming them when it is not one."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
-    if not isinstance(row, dict) or "id" not in row:
-        raise ValueError(f"{path}: line {number} is not a prediction row (no 'id')")
-    return row
 
 
 def json_line(row: Mapping[str, Any]) -> str:
@@ -185,6 +172,7 @@ def run_evaluation(
     spec = executor.generation_spec(generation_kwargs)
     rouge = rouge or executor.model.scorer.settings
     out = Path(out_dir)
+    check_out(out)
     with RunLock(out):
         run = run_record(system="bart", model=executor.identity()["model"], fingerprint=executor.fingerprint,
                          generation=spec.to_dict(), engine=executor.engine_record(), rouge=rouge,
@@ -220,7 +208,7 @@ def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spe
     metrics["resumed_from"] = done
     if baselines:
         metrics["baselines"] = score_baselines(baselines, records, rouge.scorer())
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 
@@ -240,17 +228,18 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
     (name,) = check_baselines([name])
     scorer = scorer or RougeScorer()
     out = Path(out_dir)
+    check_out(out)
     with RunLock(out):
         run = run_record(system="baseline", model=name, rouge=scorer.settings, baseline=True)
         notes = start_run(out, run, records, source, overwrite=overwrite)
         start = time.perf_counter()
         rows = list(baseline_rows(name, records, scorer))
-        (out / PREDICTIONS_FILE).write_text("".join(json_line(row) for row in rows), encoding="utf-8")
+        write_run_file(out / PREDICTIONS_FILE, "".join(json_line(row) for row in rows))
         metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
         metrics["warnings"] = notes + metrics["warnings"]
         metrics["wall_s_last_run"] = time.perf_counter() - start
         metrics["resumed_from"] = 0
-        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
         return metrics
 
 
@@ -262,14 +251,10 @@ def start_run(out: Path, run: dict, records: Sequence[Record], source: str | Non
     its dataset's fingerprint, in run.json, and returns the warnings of resuming it (versions or
     processor that changed: also logged). The caller holds the folder's `RunLock`.
     """
+    check_run_folder(out, overwrite=overwrite, rows=False)  # the rows are checked as `RunFolder` loads them
     if overwrite:
         for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
             (out / name).unlink(missing_ok=True)
-    predictions = out / PREDICTIONS_FILE
-    if not (out / RUN_FILE).exists() and predictions.exists() and predictions.stat().st_size > 0:
-        raise ValueError(f"{out} holds {PREDICTIONS_FILE} but no {RUN_FILE}, so nothing says which model, checkpoint "
-                         "or dataset made those predictions and they are not resumed; use another output directory, "
-                         "or --overwrite to start over")
     notes = _check_run_file(out / RUN_FILE, run, records, source)
     for note in notes:
         logger.warning("%s", note)
@@ -285,7 +270,7 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
     earlier run's kept under ``history``); anything else that differs is refused before anything is
     written (`bart_opt.evaluate.record.check_resume`).
     """
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    earlier = read_json_file(path, RunFile) if path.exists() else None
     where = path.parent
     before = earlier.get("dataset") if earlier is not None else None
     fingerprint, count, prefix = dataset_fingerprint(records, prefix=before.get("records") if before else None)
@@ -310,7 +295,7 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
         earlier_start = {key: earlier.get(key) for key in ("started_at", "versions", "processor", "engine")}
         current["history"] = [*earlier.get("history", []), earlier_start]
     where.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+    write_run_file(path, json.dumps(current, indent=2) + "\n")
     return notes
 
 

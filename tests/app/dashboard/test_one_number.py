@@ -41,6 +41,11 @@ def test_the_same_run_shows_the_same_rouge_on_all_six_surfaces(make_server, page
         shown = {t: page.locator(f'#rouge-table [data-type="{t}"][data-field="mid.fmeasure"]') for t in LABELS}
         dashboard = {t: (float(cell.get_attribute("data-value")), cell.inner_text()) for t, cell in shown.items()}
         signature_shown = page.locator("#job-signature").inner_text()
+        page.goto(f"{live.url}/#/compare?jobs={model_job},{lead_job}")
+        page.wait_for_selector("#significance-0")
+        side = {t: float(page.locator(f'#compare-rouge tr:nth-child(1) [data-type="{t}"]').get_attribute("data-value"))
+                for t in LABELS}
+        compare_signatures = page.locator("#compare-signatures dd").all_inner_texts()
 
     run, lead_run = tmp_path / "run", tmp_path / "lead"
     flags = ["--num-beams", str(FAST["num_beams"]), "--max-length", str(FAST["max_length"]), "--min-length",
@@ -59,7 +64,10 @@ def test_the_same_run_shows_the_same_rouge_on_all_six_surfaces(make_server, page
         assert view["rouge"][rouge_type]["mid"]["fmeasure"] == number  # 3: the job view
         assert compared["runs"][0]["rouge"][rouge_type] == number  # 4: GET /compare
         assert cli_compare["runs"][0]["rouge"][rouge_type] == number  # 5: bart-opt compare
-        assert dashboard[rouge_type] == (number, f"{number:.2f}")  # 6: the dashboard
+        assert dashboard[rouge_type] == (number, f"{number:.2f}")  # 6: the dashboard (job page, compare page)
+        assert side[rouge_type] == number
         assert compared["runs"][1]["rouge"][rouge_type] == cli_compare["runs"][1]["rouge"][rouge_type]  # lead-3 too
+    assert compare_signatures == [view["signature"], compared["runs"][1]["signature"]]
+    assert "system:external" in compare_signatures[1]  # another system's predictions, beside the model's job
     assert view["signature"] == signature_shown and view["signature"].split("|system:")[0] == \
         metrics["signature"].split("|system:")[0]

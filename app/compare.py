@@ -18,7 +18,7 @@ from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, Run, RunMismatch
 from bart_opt.errors import InvalidRequest
 
 MAX_JOBS = 8
-_INFO_KEYS = ("model", "dataset", "generation", "rouge", "created_at")
+_INFO_KEYS = ("system", "model", "dataset", "generation", "rouge", "rouge_settings", "signature", "warnings", "created_at")
 
 
 class CompareService:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema, create_model,
     field_validator,
 )
 
+from bart_opt.rouge_text import TOKENIZERS
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 RougeScores = dict[str, dict[str, float]]
@@ -87,6 +88,19 @@ GenerationOptions = create_model(
     **{name: (_OPTION_TYPES[option.kind] | None, Field(None, description=option.help))
        for name, option in REQUEST_OPTIONS.items()},
 )
+
+
+class RougeOptions(BaseModel):
+    """A job's ROUGE settings (absent or null: the server's ``BART_OPT_ROUGE_TOKENIZER`` / ``BART_OPT_ROUGE_LANG``),
+    checked once by `bart_opt.rouge.RougeSettings` (a 422 naming ``rouge.tokenizer`` or ``rouge.lang``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    tokenizer: Literal[TOKENIZERS] | None = Field(  # type: ignore[valid-type]
+        None, description="default (rouge-score's: a-z and 0-9 only), unicode (Unicode words) or script (Unicode "
+        "words, and the characters of scripts written without spaces: Chinese, Japanese, Thai)")
+    lang: str | None = Field(None, min_length=2, max_length=3, description="ISO 639-1 code of the texts' language "
+                             "(its stemmer and rougeLsum sentence splitting), e.g. ru, zh, ar; mul for several")
 
 
 class SummarizeRequest(BaseModel):

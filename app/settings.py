@@ -13,13 +13,14 @@ import typing
 from typing import Any
 
 from fastapi import Request
-from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bart_opt.compare import MAX_RESAMPLES
 from bart_opt.errors import InvalidRequest
 from bart_opt.options import EngineOptions
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
+from bart_opt.rouge import RougeSettings
 
 
 def engine_settings(options: type[EngineOptions] = EngineOptions) -> type[BaseSettings]:
@@ -132,6 +133,16 @@ class Settings(engine_settings()):
     dataset_loaders: int = Field(
         2, ge=1, description="Threads loading submitted datasets, for hub and for local sources each (429 beyond twice that)."
     )
+    job_engine_wait_s: float = Field(
+        300.0, gt=0, description="Seconds a job submitted to another engine (other dtype, mode, static, EL-attention, "
+        "quantize or device) waits for a replica with that engine before this one fails it, naming both."
+    )
+    rouge_tokenizer: str = Field(
+        "default", description="ROUGE tokenizer of jobs that name none: default (rouge-score's, a-z and 0-9 only), "
+        "unicode or script (docs/evaluation.md)."
+    )
+    rouge_lang: str = Field("en", description="ROUGE language of jobs that name none (an ISO 639-1 code: its stemmer "
+                            "and rougeLsum sentence splitting).")
 
     ray_address: str | None = Field(
         None, description="Run evaluation jobs on this Ray cluster: 'auto' (the cluster this node joined with "
@@ -151,6 +162,19 @@ class Settings(engine_settings()):
     def engine_options(self) -> EngineOptions:
         """The engine fields as `EngineOptions`."""
         return EngineOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineOptions)})
+
+    def rouge_settings(self, tokenizer: str | None = None, lang: str | None = None) -> RougeSettings:
+        """A job's ROUGE settings: `tokenizer` and `lang` where given, else these settings' (`InvalidRequest`
+        naming ``tokenizer`` or ``lang`` for a bad value)."""
+        return RougeSettings(tokenizer=tokenizer or self.rouge_tokenizer, lang=lang or self.rouge_lang)
+
+    @model_validator(mode="after")
+    def _check_rouge(self) -> Settings:
+        try:
+            self.rouge_settings()
+        except InvalidRequest as error:
+            raise ValueError(f"BART_OPT_ROUGE_{error.field.upper()}: {error.message}") from None
+        return self
 
     @field_validator("db")
     @classmethod

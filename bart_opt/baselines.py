@@ -18,20 +18,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from bart_opt.rouge import split_sentences
+from bart_opt.rouge_text import split_sentences
 
 
-def lead(text: str, n: int) -> str:
-    """The first `n` sentences of `text`, one per line (rougeLsum's sentence splitter)."""
-    return "\n".join(split_sentences(text)[:n])
+def lead(text: str, n: int, lang: str = "en") -> str:
+    """The first `n` sentences of `text`, one per line (rougeLsum's sentence splitter for `lang`)."""
+    return "\n".join(split_sentences(text, lang)[:n])
 
 
-def lead_3(text: str) -> str:
+def lead_3(text: str, lang: str = "en") -> str:
     """The first three sentences of `text`, one per line."""
-    return lead(text, 3)
+    return lead(text, 3, lang)
 
 
-BASELINES: dict[str, Callable[[str], str]] = {"lead-3": lead_3}
+BASELINES: dict[str, Callable[[str, str], str]] = {"lead-3": lead_3}  # (text, language) -> summary
 
 
 class UnknownBaselineError(ValueError):
@@ -59,7 +59,7 @@ def check_baselines(names: Iterable[str]) -> tuple[str, ...]:
     return tuple(checked)
 
 
-def baseline_summary(name: str, text: str) -> str:
-    """The summary baseline `name` writes for `text`."""
+def baseline_summary(name: str, text: str, lang: str = "en") -> str:
+    """The summary baseline `name` writes for `text` (in language `lang`: its sentence splitter)."""
     (name,) = check_baselines([name])
-    return BASELINES[name](text)
+    return BASELINES[name](text, lang)

@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, compare, demo-model, bench, check, serve.
+"""The ``bart-opt`` command: summarize, evaluate, score, compare, demo-model, bench, check, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no
@@ -79,7 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     summarize = sub.add_parser("summarize", help="summarize JSONL texts ({'text'} or {'id','text'}) to JSONL")
     _model_options(summarize)
     summarize.add_argument("input", nargs="?", default="-", help="JSONL file, or - for stdin (default)")
-    summarize.add_argument("--text-field", default="text", help="field holding the text (default: text)")
+    summarize.add_argument("--text-column", default="text", help="field holding the text (default: text; "
+                                                                 "demo-model/sample.jsonl's is article)")
+    summarize.add_argument("--text-field", dest="text_column", action=_Renamed, help=argparse.SUPPRESS)
     _generation_options(summarize)
     summarize.set_defaults(func=cmd_summarize)
 
@@ -101,9 +103,26 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--summary-column", default="highlights", help="default: highlights")
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _rouge_options(evaluate)
     _generation_options(evaluate)
     _ray_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
+
+    score = sub.add_parser("score", help="score another system's predictions (JSONL, JSON, CSV or Parquet) into a "
+                                         "run folder that compare reads")
+    score.add_argument("predictions", metavar="PREDICTIONS",
+                       help="file of id, prediction and reference per example (format by extension)")
+    score.add_argument("--out", required=True, help="output directory (run.json, predictions.jsonl, metrics.json)")
+    score.add_argument("--references", metavar="FILE",
+                       help="references in another file (id and reference columns), joined by id")
+    score.add_argument("--id-column", default="id", help="default: id")
+    score.add_argument("--prediction-column", default="prediction", help="default: prediction")
+    score.add_argument("--reference-column", default="reference",
+                       help="default: reference (a string, or a list of strings for several references)")
+    score.add_argument("--name", help="how reports name the system (default: the file's name without extension)")
+    score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
+    _rouge_options(score)
+    score.set_defaults(func=cmd_score)
 
     compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
     compare.add_argument("runs", nargs="+", metavar="RUN",
@@ -134,6 +153,38 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="default: the service's setting")
     serve.set_defaults(func=cmd_serve)
     return parser
+
+
+class _Renamed(argparse.Action):
+    """An option's old spelling: accepted, with a warning naming the new one (``--text-field`` -> ``--text-column``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        new = "--" + self.dest.replace("_", "-")
+        print(f"bart-opt: warning: {option_string} is now {new}; the old spelling still works", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _rouge_options(parser: argparse.ArgumentParser) -> None:
+    from bart_opt.rouge_text import TOKENIZERS
+
+    group = parser.add_argument_group("ROUGE (docs/evaluation.md#rouge-in-any-language)")
+    group.add_argument("--rouge-tokenizer", choices=TOKENIZERS, default="default",
+                       help="default: rouge-score's (a-z and 0-9 only: English); unicode: Unicode words; script: "
+                            "Unicode words, and characters of scripts written without spaces (Chinese, Japanese, "
+                            "Thai)")
+    group.add_argument("--rouge-lang", default="en", metavar="LANG",
+                       help="ISO 639-1 code of the texts' language: its stemmer (Porter for en, Snowball where nltk "
+                            "has one, else none) and its rougeLsum sentence splitting (default: en)")
+
+
+def rouge_settings(args: argparse.Namespace):
+    """The command's `bart_opt.rouge.RougeSettings`; `InvalidRequest` naming ``rouge_tokenizer`` or ``rouge_lang``."""
+    from bart_opt.rouge import RougeSettings
+
+    try:
+        return RougeSettings(tokenizer=args.rouge_tokenizer, lang=args.rouge_lang)
+    except InvalidRequest as error:
+        raise InvalidRequest(f"rouge_{error.field}", error.message) from None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -196,7 +247,8 @@ def read_jsonl_texts(lines: Iterable[str], source: str, text_field: str) -> tupl
             raise CliError(f"{source} line {number}: not valid JSON ({error.msg})") from None
         if not isinstance(row, dict) or text_field not in row:
             found = ", ".join(sorted(row)) if isinstance(row, dict) else type(row).__name__
-            raise CliError(f"{source} line {number}: no {text_field!r} field (found: {found or 'nothing'})")
+            hint = "; pick one with --text-column" if isinstance(row, dict) and row else ""
+            raise CliError(f"{source} line {number}: no {text_field!r} field (found: {found or 'nothing'}){hint}")
         if not isinstance(row[text_field], str):
             raise CliError(f"{source} line {number}: {text_field!r} must be a string")
         ids.append(row.get("id"))
@@ -211,13 +263,13 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from bart_opt.baselines import baseline_summary, is_baseline
 
     if args.input == "-":
-        ids, texts = read_jsonl_texts(sys.stdin, "stdin", args.text_field)
+        ids, texts = read_jsonl_texts(sys.stdin, "stdin", args.text_column)
     else:
         path = Path(args.input)
         if not path.is_file():
             raise CliError(f"no such file: {path}")
         with path.open(encoding="utf-8") as f:
-            ids, texts = read_jsonl_texts(f, str(path), args.text_field)
+            ids, texts = read_jsonl_texts(f, str(path), args.text_column)
     if is_baseline(args.model):
         _refuse_generation_options(args)
         rows = [{"summary": baseline_summary(args.model, text)} for text in texts]
@@ -249,14 +301,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from bart_opt.baselines import check_baselines, is_baseline
     from bart_opt.data import load_records
     from bart_opt.evaluate import FailureStreak, run_baseline_evaluation, run_evaluation
+    from bart_opt.evaluate.stored import check_run_folder
 
     baselines = check_baselines(args.baselines)
+    rouge = rouge_settings(args)
     if is_baseline(args.model):
         _refuse_generation_options(args)
         if baselines:
             raise CliError(f"--baselines compares a model with baselines; {args.model} is a baseline itself")
     if args.data is not None and not Path(args.data).is_file():
         raise CliError(f"no such file: {args.data}")
+    check_run_folder(args.out, overwrite=args.overwrite)  # the stored rows and files, before the model loads
     records = load_records(
         hub=args.dataset, config=args.dataset_config, split=args.split, file=args.data,
         text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,
@@ -268,16 +323,17 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if is_baseline(args.model):
             if args.ray is not None:
                 raise CliError(f"{args.model} is a baseline: --ray does not apply")
-            metrics = run_baseline_evaluation(args.model, records, args.out, source=source, overwrite=args.overwrite)
+            metrics = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
+                                              overwrite=args.overwrite)
         elif args.ray is not None:
-            metrics = evaluate_on_ray(args, records, source, baselines)
+            metrics = evaluate_on_ray(args, records, source, baselines, rouge)
         else:
             for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
                 if getattr(args, option) is not None:
                     raise CliError(f"--{option.replace('_', '-')} needs --ray")
             metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
                                      progress=not args.no_progress, source=source, overwrite=args.overwrite,
-                                     baselines=baselines)
+                                     baselines=baselines, rouge=rouge)
     except FailureStreak as error:
         raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
                        "reasons)") from error
@@ -286,7 +342,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = ()) -> dict:
+def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = (),
+                    rouge=None) -> dict:
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
     (with `baselines` scored beside it)."""
     try:
@@ -311,7 +368,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, baselines=baselines)
+                                 source=source, overwrite=args.overwrite, baselines=baselines, rouge=rouge)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
@@ -319,6 +376,23 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
         started = ", ".join(f"{key} {value:.1f} s" for key, value in pool.timings.items())
         print(f"bart-opt evaluate: Ray: {pool.placement.describe()}; {started}", file=sys.stderr)
     return metrics
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Score a predictions file into --out (`bart_opt.evaluate.external`), print its metrics as JSON and its
+    ROUGE lines on stderr, as evaluate does."""
+    from bart_opt.evaluate.external import Columns, run_scoring
+
+    rouge = rouge_settings(args)
+    for name in (args.predictions, args.references):
+        if name is not None and not Path(name).is_file():
+            raise CliError(f"no such file: {name}")
+    columns = Columns(id=args.id_column, prediction=args.prediction_column, reference=args.reference_column)
+    metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
+                          name=args.name, overwrite=args.overwrite)
+    print(json.dumps(metrics, indent=2, ensure_ascii=False))
+    print(rouge_lines(metrics), file=sys.stderr)
+    return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -337,17 +411,23 @@ ROUGE_LABELS = {"rouge1": "R1", "rouge2": "R2", "rougeL": "RL", "rougeLsum": "RL
 
 
 def rouge_lines(metrics: dict) -> str:
-    """The F-measures of a run and of its baselines, one line each: ``R1 45.10 [43.02-47.31] ...``."""
-    runs = [(metrics["model"], metrics["rouge"])]
-    runs += [(name, baseline["rouge"]) for name, baseline in metrics.get("baselines", {}).items()]
+    """The F-measures of a run and of its baselines, one line each (``R1 45.10 [43.02-47.31] ...``: the
+    mean over examples and the 95% bootstrap interval), each run's signature and the warnings."""
+    runs = [(metrics["model"], metrics)]
+    runs += list(metrics.get("baselines", {}).items())
     width = max(len(name) for name, _ in runs)
-    lines = [f"ROUGE F1, mid [95% interval], {metrics['n_scored']} of {metrics['n_obs']} records scored:"]
-    for name, rouge in runs:
+    lines = [f"ROUGE F1, mean over examples [95% bootstrap interval], {metrics['n_scored']} of {metrics['n_obs']} "
+             "records scored:"]
+    for name, run in runs:
+        rouge = run["rouge"]
         if rouge is None:
             lines.append(f"  {name:<{width}}  no references to score")
         else:
             cells = [_rouge_cell(label, rouge[key]) for key, label in ROUGE_LABELS.items() if key in rouge]
             lines.append(f"  {name:<{width}}  " + "  ".join(cells))
+    lines += [f"  signature {name}: {run['signature']}" for name, run in runs if run.get("signature")]
+    warnings = dict.fromkeys(w for _, run in runs for w in run.get("warnings", ()))
+    lines += [f"warning: {warning}" for warning in warnings]
     return "\n".join(lines)
 
 

@@ -6,10 +6,17 @@ does I/O except `load_run`, which reads a run folder.
 
 - Runs must cover the same examples: the same id set and, per id, the same reference. Anything
   else raises `RunMismatch` naming what differs.
+- Runs must be scored the same way: their recorded ROUGE settings (`bart_opt.rouge.RougeSettings`, in
+  ``info["rouge_settings"]``) must agree on every field that changes a score (`bart_opt.rouge.SCORE_FIELDS`:
+  types, tokenizer, language, stemmer, sentence splitter), or `RunMismatch` names the field. Settings
+  that change only the interval or nothing (bootstrap, backend and its version), and runs that
+  record none, are compared and marked in ``notes``. Each run's ``signature`` is shown with it.
 - The first run is the baseline; every other run is compared with it.
 - The paired tests use the examples scored in *every* run (an example that failed or has no
   reference in one run is left out of all comparisons, and counted as unpaired). Examples are
-  taken in id order, so the same rows give the same numbers whichever order they were stored in.
+  taken in id order, so the same rows give the same numbers whichever order they were stored in. A run's
+  ROUGE is the mean of its examples' F-measures, summed exactly (`bart_opt.rouge.mean`): over the same
+  examples it is the very float its own metrics report as ``mid``.
 - For each ROUGE type (F-measure, 0-100) and each run against the baseline, with the per-example
   differences ``d = run - baseline`` and ``delta = mean(d)``:
 
@@ -30,7 +37,6 @@ does I/O except `load_run`, which reads a run folder.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,8 +45,10 @@ from pathlib import Path
 import numpy as np
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, parse_row
-from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES
+from bart_opt.evaluate.stored import (
+    METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, ComparedRow, MetricsFile, RunFile, read_json_file, read_rows,
+)
+from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES, INTERVAL_FIELDS, mean, settings_differences
 
 MEASURE = "fmeasure"
 DEFAULT_METRIC = "rougeLsum"
@@ -158,6 +166,7 @@ def compare_runs(
     names = [run.name for run in runs]
     if len(set(names)) != len(names):
         raise InvalidRequest("runs", f"the runs need distinct names, got {names}")
+    notes = _check_same_scoring(runs)
     by_id = [_rows_by_id(run) for run in runs]
     _check_same_dataset(runs, by_id)
     ids = sorted(by_id[0])
@@ -176,6 +185,7 @@ def compare_runs(
         "paired": len(paired),
         "unpaired": len(unpaired),
         "unpaired_ids": unpaired[:10],
+        "notes": notes,
         "runs": [_run_summary(run, rows, matrix) for run, rows, matrix in zip(runs, by_id, scores)],
         "comparisons": [
             _compare_pair(runs[0], runs[k], by_id[0], by_id[k], scores[0], scores[k], paired,
@@ -183,6 +193,32 @@ def compare_runs(
             for k in range(1, len(runs))
         ],
     }  # fmt: skip
+
+
+def _check_same_scoring(runs: Sequence[Run]) -> list[str]:
+    """Refuse runs scored with other ROUGE settings than the baseline's (`RunMismatch` naming each field);
+    the notes on what differs without changing a score, or is not recorded."""
+    base = runs[0]
+    notes = []
+    for run in runs:
+        if run.info.get("rouge_settings") is None:
+            notes.append(f"{run.name} does not record its ROUGE settings (a run from before they were recorded): "
+                         "compared as if scored with the defaults")
+    base_settings = base.info.get("rouge_settings")
+    for run in runs[1:]:
+        settings = run.info.get("rouge_settings")
+        if base_settings is None or settings is None:
+            continue
+        differing = settings_differences(base_settings, settings)
+        if differing:
+            named = "; ".join(f"rouge.{name}: {old} in {base.name}, {new} in {run.name}" for name, old, new in differing)
+            raise RunMismatch(f"{base.name} and {run.name} were scored with other ROUGE settings ({named}), so their "
+                              "numbers are not comparable; score both the same way (bart-opt score "
+                              "--rouge-tokenizer/--rouge-lang rescoring a run's predictions.jsonl)")
+        marked = settings_differences(base_settings, settings, (*INTERVAL_FIELDS, "backend", "backend_version"))
+        notes += [f"rouge.{name}: {old} in {base.name}, {new} in {run.name} (the point estimates are comparable)"
+                  for name, old, new in marked]
+    return notes
 
 
 def _rows_by_id(run: Run) -> dict[str, dict]:
@@ -229,7 +265,9 @@ def _run_summary(run: Run, rows: Mapping[str, dict], matrix: np.ndarray) -> dict
         "info": run.info,
         "examples": len(rows),
         "errors": sum(row.get("error") is not None for row in rows.values()),
-        "rouge": {t: float(matrix[:, j].mean()) for j, t in enumerate(DEFAULT_ROUGE_TYPES)},
+        "rouge": {t: mean(matrix[:, j]) for j, t in enumerate(DEFAULT_ROUGE_TYPES)},
+        "signature": run.info.get("signature"),
+        "warnings": list(run.info.get("warnings") or ()),
     }
 
 
@@ -242,8 +280,8 @@ def _compare_pair(base: Run, run: Run, base_rows: Mapping[str, dict], run_rows: 
         bootstrap = paired_bootstrap(diffs[:, j], resamples, seed)
         randomization = approximate_randomization(diffs[:, j], resamples, seed)
         rouge[rouge_type] = {
-            "baseline": float(base_scores[:, j].mean()),
-            "run": float(run_scores[:, j].mean()),
+            "baseline": mean(base_scores[:, j]),
+            "run": mean(run_scores[:, j]),
             "delta": bootstrap["delta"],
             "interval": bootstrap["interval"],
             "p_bootstrap": bootstrap["p"],
@@ -283,21 +321,22 @@ def _compare_pair(base: Run, run: Run, base_rows: Mapping[str, dict], run_rows: 
 def load_run(folder: str | Path) -> Run:
     """A ``bart-opt evaluate`` output folder as a `Run` named after the folder.
 
-    Reads ``predictions.jsonl`` (every line must be a complete prediction row) and, when present,
-    ``run.json`` (model, generation) and ``metrics.json`` (the run's own ROUGE intervals) into ``info``.
-    Raises FileNotFoundError or ValueError naming the file and line at fault.
+    Reads ``predictions.jsonl`` (every line a prediction row, checked by `bart_opt.evaluate.stored`) and, when present,
+    ``run.json`` (system, model, generation, ROUGE settings, signature) and ``metrics.json`` (the run's
+    own ROUGE intervals, its signature and warnings) into ``info``. Raises FileNotFoundError or
+    ValueError naming the file and line at fault.
     """
     path = Path(folder)
     predictions = path / PREDICTIONS_FILE
     if not predictions.is_file():
         raise FileNotFoundError(f"{path} has no {PREDICTIONS_FILE}; give the --out folder of a bart-opt evaluate run")
-    with predictions.open(encoding="utf-8") as f:
-        rows = [parse_row(line, predictions, number) for number, line in enumerate(f, start=1) if line.strip()]
+    rows = read_rows(predictions, ComparedRow)
     info: dict = {"path": str(path)}
-    for name, keys in ((RUN_FILE, ("model", "generation")), (METRICS_FILE, ("rouge",))):
+    for name, schema, keys in ((RUN_FILE, RunFile, ("system", "model", "generation", "rouge_settings", "signature")),
+                               (METRICS_FILE, MetricsFile, ("rouge", "signature", "warnings"))):
         if (path / name).is_file():
-            content = json.loads((path / name).read_text(encoding="utf-8"))
-            info.update({key: content.get(key) for key in keys})
+            content = read_json_file(path / name, schema)
+            info.update({key: content.get(key) for key in keys if content.get(key) is not None or key not in info})
     return Run(name=path.name or str(path), rows=rows, info=info)
 
 
@@ -307,7 +346,7 @@ def format_report(result: dict) -> str:
     lines = [
         f"{len(runs)} runs on the same {result['examples']} examples; {result['paired']} scored in every run"
         + (f" ({result['unpaired']} left out)" if result["unpaired"] else ""),
-        f"ROUGE {result['measure']} (0-100) over those examples; {result['resamples']} resamples, "
+        f"ROUGE {result['measure']} (0-100), mean over those examples; {result['resamples']} resamples, "
         f"seed {result['seed']}; baseline: {runs[0]['name']}",
         "",
     ]
@@ -315,6 +354,9 @@ def format_report(result: dict) -> str:
     lines.append("".join([f"{'run':<{width}}", *(f"{t:>11}" for t in DEFAULT_ROUGE_TYPES)]))
     for run in runs:
         lines.append("".join([f"{run['name']:<{width}}", *(f"{run['rouge'][t]:>11.2f}" for t in DEFAULT_ROUGE_TYPES)]))
+    lines += [f"signature {run['name']}: {run['signature'] or 'not recorded'}" for run in runs]
+    lines += [f"note: {note}" for note in result.get("notes", ())]
+    lines += [f"warning: {run['name']}: {warning}" for run in runs for warning in run.get("warnings", ())]
     for comparison in result["comparisons"]:
         lines += ["", f"{comparison['run']} - {comparison['baseline']}: "
                       f"{comparison['better']} better, {comparison['worse']} worse, {comparison['same']} same "

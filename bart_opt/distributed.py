@@ -64,7 +64,7 @@ from bart_opt.fingerprint import check_fingerprint
 from bart_opt.fingerprint import fingerprint as checkpoint_fingerprint
 from bart_opt.loading import resolve_checkpoint, weights_file
 from bart_opt.options import EngineOptions
-from bart_opt.rouge import RougeScorer
+from bart_opt.rouge import RougeScorer, RougeSettings
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
 
@@ -262,13 +262,14 @@ class Replica:
     """
 
     def __init__(self, engine: EngineOptions, spec: GenerationSpec, fingerprint: str | None = None,
-                 load: Loader = Summarizer.from_options):
+                 load: Loader = Summarizer.from_options, rouge: RougeSettings | None = None):
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         self.summarizer = load(engine)
         if fingerprint is not None:  # the driver's: a replica on a node with other files must not run
             check_fingerprint(fingerprint, self.summarizer.fingerprint, "this run")
         self.executor = SummarizerExecutor(self.summarizer)
         self.spec = spec
+        self.rouge = rouge
         self.name = f"{ray.util.get_node_ip_address()}:{os.getpid()}"
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -277,7 +278,7 @@ class Replica:
         # nulls stay None here (a NumPy batch would make an all-null column NaN)
         window = [Pending(item["position"], Record(item["id"], item["text"], item["reference"]), item["error"])
                   for item in batch.to_pylist()]
-        for done in self.executor.run_window(window, self.spec):
+        for done in self.executor.run_window(window, self.spec, rouge=self.rouge):
             for key, value in (("rows", json.dumps(done.rows, ensure_ascii=False)), ("positions", json.dumps(done.positions)),
                                ("kind", done.kind), ("peak_bytes", done.peak_bytes), ("seconds", done.seconds),
                                ("call_started_at", started), ("finished_at", time.time()),
@@ -365,6 +366,20 @@ class ReplicaPool:
         """What a resumed run must match: the model's name."""
         return {"model": self.name}
 
+    def engine_record(self) -> dict[str, Any]:
+        """The replicas' engine as each resolves it (`bart_opt.evaluate.record.engine_record`), without loading it here."""
+        from bart_opt.evaluate.record import engine_record
+
+        e = self.engine
+        dtype = str(e.torch_dtype(self.device)).removeprefix("torch.")
+        return engine_record(dtype=dtype, mode="exact" if e.exact else "fast" if e.fast else "default", static=e.static,
+                             el_attention=e.el_attention, quantize=e.quantize, device=self.device.type,
+                             max_batch_tokens=e.max_batch_tokens, max_batch_size=e.max_batch_size)
+
+    def processor(self) -> dict[str, Any]:
+        """What runs the replicas: a Ray cluster's ``cpu`` or ``cuda`` replicas (each node's own processor)."""
+        return {"ray": self.device.type}
+
     @property
     def fingerprint(self) -> str:
         """The checkpoint's content digest, hashed on the driver (each replica checks that it loaded the same)."""
@@ -373,8 +388,10 @@ class ReplicaPool:
             self._fingerprint = str(checkpoint_fingerprint(folder, weights_file(folder).name))
         return self._fingerprint
 
-    def run(self, source: Source, spec: GenerationSpec, control: RunControl) -> Iterator[RowBatch]:
-        """The row batches of `source`'s records (see the module docstring), as their calls return.
+    def run(self, source: Source, spec: GenerationSpec, control: RunControl,
+            rouge: RougeSettings | None = None) -> Iterator[RowBatch]:
+        """The row batches of `source`'s records (see the module docstring), as their calls return; each
+        replica scores with `rouge`'s scorer (None: the pool's `scorer`'s settings).
 
         Closing the generator (or leaving the loop) shuts the pipeline down and frees the replicas;
         so does `control` stopping, which also ends the wait for room (nothing is yielded then).
@@ -391,7 +408,9 @@ class ReplicaPool:
             return
         status(f"starting {placement.describe()} (each loads the model)")
         started = time.perf_counter()
-        feed = _Feed(_translated(iter(self._pipeline(dataset, spec, placement, records).iter_rows()), self.options))
+        rouge = rouge or self.scorer.settings
+        feed = _Feed(_translated(iter(self._pipeline(dataset, spec, placement, records, rouge).iter_rows()),
+                                 self.options))
         first = True
         try:
             while (item := feed.get(control)) is not None:
@@ -407,7 +426,7 @@ class ReplicaPool:
             feed.close()
 
     def _pipeline(self, dataset: ray.data.Dataset, spec: GenerationSpec, placement: Placement,
-                  records: int) -> ray.data.Dataset:
+                  records: int, rouge: RougeSettings) -> ray.data.Dataset:
         per_call = records_per_call(records, placement.replicas)
         with warnings.catch_warnings():
             # Ray 2.60 moves extra remote options behind named parameters, but none exists yet
@@ -416,7 +435,7 @@ class ReplicaPool:
             pipeline = dataset.map_batches(
                 Replica,
                 fn_constructor_kwargs={"engine": self.engine, "spec": spec, "fingerprint": self.fingerprint,
-                                       "load": self.load},
+                                       "load": self.load, "rouge": rouge},
                 batch_size=per_call,
                 batch_format="pyarrow",
                 # No more replicas than calls: each would load the model for nothing.

@@ -1,16 +1,27 @@
-"""ROUGE on Google's `rouge-score`, with the CNN/DailyMail conventions built in.
+"""ROUGE on Google's `rouge-score`, with the CNN/DailyMail conventions built in, in any language.
 
-Three settings decide whether numbers are comparable with published ones:
+`RougeSettings` is the one owner of what decides a ROUGE number: the types, the tokenizer, the
+language (its stemmer and its sentence splitter, `bart_opt.rouge_text`), the backend, and the
+bootstrap that gives the interval. It is frozen, recorded with every run and job
+(`to_dict`), printed as a sacrebleu-style `signature`, and builds the `RougeScorer` (`scorer`).
+Two numbers whose settings agree on the fields in `SCORE_FIELDS` are comparable.
 
-* **Stemming** (`use_stemmer=True` by default): the Porter stemmer, as the CNN/DM reference
-  scripts of the transformers examples use it.
+Conventions:
+
+* **Stemming** (on by default): rouge-score's Porter stemmer for English, as the CNN/DM reference
+  scripts of the transformers examples use it; Snowball for the languages nltk covers; none else.
 * **rougeLsum sentence splitting**: rouge-score computes rougeLsum over lines, so both the
-  prediction and the reference are split one sentence per line by `split_sentences` before
-  scoring. Without this rougeLsum collapses to rougeL (about 30 instead of about 41 for
-  bart-large-cnn). The splitter works offline: nothing is downloaded at run time.
-* **Bootstrap aggregation**: a 95% interval from resampling the per-item scores, as
-  rouge-score's `BootstrapAggregator` does, but driven by a seeded numpy `Generator` so the same
-  items always give the same interval.
+  prediction and the reference are split one sentence per line first
+  (`bart_opt.rouge_text.split_sentences`). Without this rougeLsum collapses to rougeL (about 30
+  instead of about 41 for bart-large-cnn). Nothing is downloaded at run time.
+* **The point estimate** (``mid``) is the **mean over examples** of each measure, summed exactly
+  (`math.fsum`, so any order of the same examples gives the same float); ``low`` and ``high`` are
+  the 2.5th and 97.5th percentiles of `bootstrap_samples` bootstrap means, drawn from a seeded
+  numpy `Generator`, as rouge-score's `BootstrapAggregator` computes its interval. rouge-score and
+  HF ``evaluate`` put the bootstrap median at ``mid`` instead; it moves with the seed and the
+  number of resamples and differs from the mean that paired tests difference (docs/evaluation.md).
+* **Several references**: `score_multi` scores against each and keeps, per type, the reference with
+  the best F-measure, as rouge-score's ``score_multi`` does.
 
 All scores are on a 0-100 scale.
 
@@ -22,12 +33,21 @@ and with a custom tokenizer, over a corpus of CNN-like text, prose and edge case
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
+import math
 import re
-from typing import Protocol, Sequence
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
 
 import numpy as np
-from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
 from rouge_score import rouge_scorer as reference_rouge
+
+from bart_opt.errors import InvalidRequest
+from bart_opt.rouge_text import (
+    TOKENIZERS, UnicodeWordTokenizer, check_language, make_tokenizer, split_sentences, splitter_name, stemmer_name,
+)
 
 try:
     from rouge_score_rs import rouge_scorer as fast_rouge
@@ -39,65 +59,20 @@ MEASURES = ("precision", "recall", "fmeasure")
 BACKENDS = {"rouge-score-rs": fast_rouge, "rouge-score": reference_rouge}
 DEFAULT_BACKEND = "rouge-score-rs" if fast_rouge is not None else "rouge-score"
 CONFIDENCE = 0.95
+POINT_ESTIMATE = "mean"  # what ``mid`` is: the mean over examples (see the module docstring)
+CUSTOM = "custom"  # the tokenizer of a scorer given a tokenizer object: recorded, not rebuilt
 
-# Abbreviations that usually sit inside a sentence. Punkt without trained data would otherwise
-# end a sentence at each of them ("Mr." | "Smith said ..."). Ones that often end a sentence
-# ("etc.", "inc.", "p.m.") are left out on purpose: a missed split costs less than a wrong one.
-_ABBREVIATIONS = frozenset(
-    {
-        "mr", "mrs", "ms", "dr", "prof", "sen", "rep", "gov", "gen", "col", "lt", "sgt",
-        "capt", "cmdr", "adm", "rev", "st", "jr", "sr", "mt", "ft", "vs", "e.g", "i.e",
-        "u.s", "u.k", "u.n", "jan", "feb", "apr", "aug", "sept", "oct", "nov", "dec",
-    }
-)  # fmt: skip
-
-
-def _make_sentence_splitter() -> PunktSentenceTokenizer:
-    params = PunktParameters()
-    params.abbrev_types = set(_ABBREVIATIONS)
-    return PunktSentenceTokenizer(params)
-
-
-_SPLITTER = _make_sentence_splitter()
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split `text` into sentences, offline and deterministically.
-
-    Lines are split first (CNN/DailyMail highlights are one sentence per line), then each line
-    with nltk's Punkt algorithm using default, untrained parameters plus a short list of common
-    English abbreviations. No model data is loaded, so the result does not depend on what
-    `nltk.download` has put on the machine; it may differ slightly from `nltk.sent_tokenize`
-    with the trained English model. Empty and whitespace-only pieces are dropped.
-    """
-    if not isinstance(text, str):
-        raise TypeError(f"split_sentences expects a str, got {type(text).__name__}")
-    sentences = []
-    for line in text.splitlines():
-        sentences.extend(s.strip() for s in _SPLITTER.tokenize(line))
-    return [s for s in sentences if s]
+# The recorded fields that change a score (a run scored otherwise is not comparable, nor resumed);
+# the others change only the interval (bootstrap) or nothing at all (the backend: bit-identical).
+SCORE_FIELDS = ("types", "tokenizer", "lang", "stemmer", "splitter")
+INTERVAL_FIELDS = ("bootstrap_samples", "seed", "confidence", "point")
+_TYPE_LABELS = {"rougeL": "L", "rougeLsum": "Lsum"}
 
 
 class Tokenizer(Protocol):
     """What rouge-score accepts as a tokenizer: `tokenize(text) -> list[str]`."""
 
     def tokenize(self, text: str) -> list[str]: ...
-
-
-class UnicodeWordTokenizer:
-    """Lower-cased Unicode word tokens, for text that rouge-score's default tokenizer drops.
-
-    rouge-score keeps only `[a-z0-9]` characters, so Cyrillic, Greek, Arabic, CJK, ... text scores
-    0. This tokenizer keeps every run of Unicode word characters (`\\w+`) instead. It does not stem.
-    Scripts written without spaces (Chinese, Japanese, Thai) need a real word segmenter; pass one
-    with the same `tokenize` method as `RougeScorer(tokenizer=...)`.
-    """
-
-    _WORD = re.compile(r"\w+")
-
-    def tokenize(self, text: str) -> list[str]:
-        """Return the lower-cased word tokens of `text`."""
-        return self._WORD.findall(text.lower())
 
 
 def _check_rouge_types(rouge_types: Sequence[str]) -> tuple[str, ...]:
@@ -114,23 +89,145 @@ def _check_rouge_types(rouge_types: Sequence[str]) -> tuple[str, ...]:
     return types
 
 
+def backend_version(backend: str) -> str | None:
+    """The installed version of the package behind `backend` (None when it is not installed)."""
+    try:
+        return importlib.metadata.version({"rouge-score-rs": "rouge-score-rs", "rouge-score": "rouge-score"}[backend])
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class RougeSettings:
+    """Everything that decides a ROUGE number (see the module docstring); frozen, checked once here.
+
+    rouge_types: any of rouge1..rouge9, rougeL, rougeLsum.
+    tokenizer: ``default`` (rouge-score's: ``[a-z0-9]`` only), ``unicode`` or ``script``
+        (`bart_opt.rouge_text`); ``custom`` only as recorded from a scorer given a tokenizer object.
+    lang: an ISO 639-1 code of `bart_opt.rouge_text.LANGUAGES`: it picks the stemmer and the
+        rougeLsum sentence splitter. The default tokenizer is English-only: another language needs
+        ``unicode`` or ``script``.
+    use_stemmer: stem where the language has a stemmer.
+    backend: ``rouge-score-rs`` (the default where installed) or ``rouge-score``.
+    bootstrap_samples / seed: the bootstrap of the 95% interval.
+
+    Raises `InvalidRequest` naming the field (``tokenizer``, ``lang``, ...) for a bad value.
+    """
+
+    rouge_types: tuple[str, ...] = DEFAULT_ROUGE_TYPES
+    tokenizer: str = "default"
+    lang: str = "en"
+    use_stemmer: bool = True
+    backend: str = DEFAULT_BACKEND
+    bootstrap_samples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "rouge_types", _check_rouge_types(self.rouge_types))
+        except ValueError as error:
+            raise InvalidRequest("rouge_types", str(error)) from None
+        if self.tokenizer not in (*TOKENIZERS, CUSTOM):
+            raise InvalidRequest("tokenizer", f"must be one of {', '.join(TOKENIZERS)}, got {self.tokenizer!r}")
+        try:
+            check_language(self.lang)
+        except ValueError as error:
+            raise InvalidRequest("lang", str(error)) from None
+        if self.tokenizer == "default" and self.lang != "en":
+            raise InvalidRequest("lang", f"the default tokenizer is rouge-score's English one (it keeps only a-z and "
+                                 f"0-9); for {self.lang!r} choose the tokenizer unicode or script")
+        if BACKENDS.get(self.backend) is None:
+            available = [name for name, module in BACKENDS.items() if module is not None]
+            raise InvalidRequest("backend", f"unknown or uninstalled ROUGE backend {self.backend!r}; "
+                                 f"available: {available}")
+        if isinstance(self.bootstrap_samples, bool) or not isinstance(self.bootstrap_samples, int):
+            raise InvalidRequest("bootstrap_samples", f"must be an int, got {self.bootstrap_samples!r}")
+        if self.bootstrap_samples < 1:
+            raise InvalidRequest("bootstrap_samples", f"must be >= 1, got {self.bootstrap_samples}")
+
+    @property
+    def stemmer(self) -> str:
+        """``porter``, ``snowball-<language>`` or ``none``."""
+        if self.tokenizer == CUSTOM:
+            return CUSTOM
+        return stemmer_name(self.lang, self.use_stemmer)
+
+    @property
+    def splitter(self) -> str:
+        """The rougeLsum sentence splitter: ``punkt-en`` or ``punkt+marks`` (`bart_opt.rouge_text`)."""
+        return splitter_name(self.lang)
+
+    def scorer(self) -> RougeScorer:
+        """The scorer of these settings (one per distinct settings in a process)."""
+        return _scorer(self)
+
+    def to_dict(self) -> dict:
+        """The settings as recorded with a run or a job (what `from_dict` reads back), with the
+        derived stemmer, splitter, backend version and point estimate."""
+        return {"types": list(self.rouge_types), "tokenizer": self.tokenizer, "lang": self.lang,
+                "use_stemmer": self.use_stemmer, "stemmer": self.stemmer, "splitter": self.splitter,
+                "backend": self.backend, "backend_version": backend_version(self.backend),
+                "bootstrap_samples": self.bootstrap_samples, "seed": self.seed, "confidence": CONFIDENCE,
+                "point": POINT_ESTIMATE}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RougeSettings:
+        """Settings from `to_dict`'s shape (unknown keys and the derived ones are ignored)."""
+        keys = {"types": "rouge_types", "tokenizer": "tokenizer", "lang": "lang", "use_stemmer": "use_stemmer",
+                "backend": "backend", "bootstrap_samples": "bootstrap_samples", "seed": "seed"}
+        given = {name: data[key] for key, name in keys.items() if key in data}
+        if "rouge_types" in given:
+            given["rouge_types"] = tuple(given["rouge_types"])
+        if given.get("backend") is not None and BACKENDS.get(given["backend"]) is None:
+            given.pop("backend")  # recorded where another backend was installed: both give the same scores
+        return cls(**given)
+
+    def signature(self, nrefs: str | int = 1) -> str:
+        """The sacrebleu-style signature of these settings: ``nrefs:1|rouge:1,2,L,Lsum|tok:default|
+        lang:en|stem:porter|split:punkt-en|point:mean|ci:95%-bootstrap-1000-seed0|backend:rouge-score-rs-0.2.1``."""
+        types = ",".join(_TYPE_LABELS.get(t, t.removeprefix("rouge")) for t in self.rouge_types)
+        version = backend_version(self.backend)
+        return "|".join([
+            f"nrefs:{nrefs}", f"rouge:{types}", f"tok:{self.tokenizer}", f"lang:{self.lang}",
+            f"stem:{self.stemmer}", f"split:{self.splitter}", f"point:{POINT_ESTIMATE}",
+            f"ci:{CONFIDENCE:.0%}-bootstrap-{self.bootstrap_samples}-seed{self.seed}",
+            f"backend:{self.backend}" + (f"-{version}" if version else ""),
+        ])
+
+
+@functools.cache
+def _scorer(settings: RougeSettings) -> RougeScorer:
+    return RougeScorer(settings=settings)
+
+
+def settings_differences(earlier: Mapping[str, Any] | None, current: Mapping[str, Any],
+                         fields: Sequence[str] = SCORE_FIELDS) -> list[tuple[str, Any, Any]]:
+    """``(field, earlier, current)`` for each of `fields` on which two recorded settings (`to_dict`) differ."""
+    earlier = earlier or {}
+    return [(name, earlier.get(name), current.get(name)) for name in fields if earlier.get(name) != current.get(name)]
+
+
 class RougeScorer:
-    """Per-item ROUGE scores and bootstrap aggregates, on a 0-100 scale.
+    """Per-item ROUGE scores and aggregates (mean, bootstrap interval), on a 0-100 scale.
+
+    Built from `RougeSettings` (``settings=``, or `RougeSettings.scorer`), or from the settings'
+    fields as keyword arguments:
 
     Args:
-        use_stemmer: apply the Porter stemmer to tokens longer than 3 characters (rouge-score's
-            rule). On by default, as in the CNN/DM reference scripts. Ignored when `tokenizer` is
-            given: stemming is then the tokenizer's job.
+        use_stemmer: stem where the language has a stemmer (rouge-score's Porter rule for
+            English: tokens longer than 3 characters). On by default, as in the CNN/DM reference
+            scripts. Ignored when `tokenizer` is an object: stemming is then its job.
         bootstrap_samples: number of bootstrap resamples for the 95% interval (rouge-score and
             the reference scripts use 1000).
         seed: seed of the numpy Generator used by every `aggregate` call; the same items and
             seed always give the same interval.
         rouge_types: any of rouge1..rouge9, rougeL, rougeLsum.
-        tokenizer: an object with `tokenize(text) -> list[str]` passed to rouge-score. The
-            default tokenizer keeps only `[a-z0-9]`, so non-Latin text scores 0 with it; use
-            `UnicodeWordTokenizer()` or your own for such text.
+        tokenizer: ``"default"``, ``"unicode"`` or ``"script"`` (`bart_opt.rouge_text`), or an
+            object with `tokenize(text) -> list[str]` passed to rouge-score as it is. The default
+            tokenizer keeps only `[a-z0-9]`, so non-Latin text scores 0 with it.
         backend: "rouge-score-rs" (the default where installed) or "rouge-score": the package
             that computes the scores. Both give identical scores.
+        lang: the language (stemmer, sentence splitter); see `RougeSettings`.
 
     Example:
         >>> scorer = RougeScorer()
@@ -145,22 +242,24 @@ class RougeScorer:
         bootstrap_samples: int = 1000,
         seed: int = 0,
         rouge_types: Sequence[str] = DEFAULT_ROUGE_TYPES,
-        tokenizer: Tokenizer | None = None,
+        tokenizer: Tokenizer | str | None = None,
         backend: str = DEFAULT_BACKEND,
+        *,
+        lang: str = "en",
+        settings: RougeSettings | None = None,
     ):
-        if BACKENDS.get(backend) is None:
-            available = [name for name, module in BACKENDS.items() if module is not None]
-            raise ValueError(f"unknown or uninstalled ROUGE backend {backend!r}; available: {available}")
-        self.backend = backend
-        if isinstance(bootstrap_samples, bool) or not isinstance(bootstrap_samples, int):
-            raise TypeError(f"bootstrap_samples must be an int, got {bootstrap_samples!r}")
-        if bootstrap_samples < 1:
-            raise ValueError(f"bootstrap_samples must be >= 1, got {bootstrap_samples}")
-        self.rouge_types = _check_rouge_types(rouge_types)
-        self.use_stemmer = bool(use_stemmer) and tokenizer is None
-        self.bootstrap_samples = bootstrap_samples
-        self.seed = seed
-        self.tokenizer = tokenizer
+        custom = tokenizer is not None and not isinstance(tokenizer, str)
+        if settings is None:
+            settings = RougeSettings(tuple(rouge_types), CUSTOM if custom else tokenizer or "default", lang,
+                                     bool(use_stemmer) and not custom, backend, bootstrap_samples, seed)
+        self.settings = settings
+        self.backend = settings.backend
+        self.rouge_types = settings.rouge_types
+        self.bootstrap_samples = settings.bootstrap_samples
+        self.seed = settings.seed
+        self.tokenizer = tokenizer if custom else make_tokenizer(settings.tokenizer, settings.lang, settings.use_stemmer)
+        # rouge-score's own tokenizer stems with Porter; the others stem inside `tokenize`.
+        self.use_stemmer = settings.use_stemmer and self.tokenizer is None
         token_types = [t for t in self.rouge_types if t != "rougeLsum"]
         # rougeLsum gets its own scorer: it sees the sentence-per-line texts, the others the
         # texts as given (rouge-score's tokens are the same either way; this keeps it obvious).
@@ -171,6 +270,10 @@ class RougeScorer:
         return BACKENDS[self.backend].RougeScorer(
             rouge_types, use_stemmer=self.use_stemmer, split_summaries=False, tokenizer=self.tokenizer
         )
+
+    def split(self, text: str) -> list[str]:
+        """The sentences of `text` as rougeLsum sees them (the settings' language)."""
+        return split_sentences(text, self.settings.lang)
 
     def score(self, prediction: str, reference: str) -> dict[str, dict[str, float]]:
         """Score one prediction against one reference.
@@ -186,24 +289,35 @@ class RougeScorer:
             scores.update(self._token_scorer.score(reference, prediction))
         if self._lsum_scorer is not None:
             scores.update(
-                self._lsum_scorer.score(
-                    "\n".join(split_sentences(reference)), "\n".join(split_sentences(prediction))
-                )
+                self._lsum_scorer.score("\n".join(self.split(reference)), "\n".join(self.split(prediction)))
             )
         return {
             rouge_type: {m: 100.0 * float(getattr(scores[rouge_type], m)) for m in MEASURES}
             for rouge_type in self.rouge_types
         }
 
+    def score_multi(self, prediction: str, references: Sequence[str]) -> dict[str, dict[str, float]]:
+        """Score one prediction against several references: per type, the scores against the reference
+        with the highest F-measure (the first of equals), as rouge-score's ``score_multi``."""
+        if isinstance(references, str) or not references:
+            raise ValueError("score_multi needs a non-empty list of references")
+        scored = [self.score(prediction, reference) for reference in references]
+        return {t: scored[int(np.argmax([s[t]["fmeasure"] for s in scored]))][t] for t in self.rouge_types}
+
+    def score_any(self, prediction: str, reference: str | Sequence[str]) -> dict[str, dict[str, float]]:
+        """`score` for one reference (a str), `score_multi` for a list of them."""
+        return self.score(prediction, reference) if isinstance(reference, str) else self.score_multi(prediction, reference)
+
     def aggregate(
         self, items: Sequence[dict[str, dict[str, float]]]
     ) -> dict[str, dict[str, dict[str, float]]]:
-        """Bootstrap aggregate of per-item scores (as returned by `score`).
+        """Aggregate of per-item scores (as returned by `score`).
 
         Returns `{rouge_type: {"low", "mid", "high"}}`, each `{"precision", "recall", "fmeasure"}`:
-        the 2.5th, 50th and 97.5th percentiles of the mean over `bootstrap_samples` resamples
-        (with replacement, same size as `items`), like rouge-score's AggregateScore. Each measure
-        is averaged on its own (the aggregate fmeasure is the mean of per-item fmeasures).
+        ``mid`` the mean over the items (`math.fsum`: the same items in any order give the same
+        float), ``low`` and ``high`` the 2.5th and 97.5th percentiles of the mean over
+        `bootstrap_samples` resamples (with replacement, same size as `items`). Each measure is
+        averaged on its own (the aggregate fmeasure is the mean of per-item fmeasures).
 
         Reproducible: every call draws from a fresh `numpy.random.default_rng(seed)`.
 
@@ -214,7 +328,8 @@ class RougeScorer:
         if len(items) == 0:
             raise ValueError("cannot aggregate ROUGE over zero items")
         matrix = self._score_matrix(items)  # (N, types * measures)
-        low, mid, high = self._bootstrap(matrix)  # each (types * measures,)
+        low, high = self._bootstrap(matrix)  # each (types * measures,)
+        mid = [mean(matrix[:, k]) for k in range(matrix.shape[1])]
         result = {}
         for t, rouge_type in enumerate(self.rouge_types):
             cols = slice(t * len(MEASURES), (t + 1) * len(MEASURES))
@@ -241,7 +356,7 @@ class RougeScorer:
         return np.asarray(rows, dtype=np.float64)
 
     def _bootstrap(self, matrix: np.ndarray) -> np.ndarray:
-        """Percentiles (low, mid, high) of bootstrap means; returns shape (3, K)."""
+        """Percentiles (low, high) of bootstrap means; returns shape (2, K)."""
         n, k = matrix.shape
         rng = np.random.default_rng(self.seed)
         means = np.empty((self.bootstrap_samples, k))  # (S, K)
@@ -252,4 +367,14 @@ class RougeScorer:
             idx = rng.integers(0, n, size=(stop - start, n))  # (s, N)
             means[start:stop] = matrix[idx].mean(axis=1)  # (s, N, K) -> (s, K)
         tail = 100 * (1 - CONFIDENCE) / 2
-        return np.percentile(means, [tail, 50.0, 100 - tail], axis=0)  # (3, K)
+        return np.percentile(means, [tail, 100 - tail], axis=0)  # (2, K)
+
+
+def mean(values: Sequence[float] | np.ndarray) -> float:
+    """The point estimate of per-example scores: their mean, summed exactly (order does not matter)."""
+    return math.fsum(float(v) for v in values) / len(values)
+
+
+__all__ = ["BACKENDS", "CONFIDENCE", "DEFAULT_BACKEND", "DEFAULT_ROUGE_TYPES", "INTERVAL_FIELDS", "MEASURES",
+           "POINT_ESTIMATE", "SCORE_FIELDS", "RougeScorer", "RougeSettings", "Tokenizer", "UnicodeWordTokenizer",
+           "backend_version", "mean", "settings_differences", "split_sentences"]

@@ -3,13 +3,15 @@
 Two ``bart-opt evaluate`` runs on one ``--out`` folder would both append to its predictions and
 both rewrite its run.json. `RunLock(folder)` takes an exclusive, non-blocking lock on
 ``folder/run.lock`` and writes its holder's pid there; a second run fails at once with
-`RunFolderBusy` naming that pid. The kernel drops the lock when the holder's descriptor closes,
+`RunFolderBusy` naming that pid. The lock file is opened without following a symbolic link
+(``O_NOFOLLOW``): a planted ``run.lock`` link fails the run instead of truncating its target. The kernel drops the lock when the holder's descriptor closes,
 so a run killed with SIGKILL leaves a folder the next run can take: the stale pid in the file is
 only read when the lock is held.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from pathlib import Path
@@ -43,7 +45,13 @@ class RunLock:
 
     def __enter__(self) -> RunLock:
         self.folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # never through a link: a planted run.lock -> elsewhere would have that file truncated to a pid
+            fd = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ValueError(f"{self.folder / LOCK_FILE} is a symbolic link; a run folder's files must be plain "
+                                 "files: remove it, or use another output directory") from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

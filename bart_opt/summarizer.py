@@ -163,6 +163,16 @@ class Summarizer:
         """The `bart_opt.fingerprint.Fingerprint` of the checkpoint loaded (None for a model not loaded from files)."""
         return self.model.fingerprint
 
+    def engine_record(self) -> dict:
+        """The engine as loaded, for a run record (`bart_opt.evaluate.record.engine_record`): the dtype, mode,
+        static search, EL-attention, quantization and device type the model runs with, and the batch budgets."""
+        from bart_opt.evaluate.record import engine_record
+
+        model = self.model
+        return engine_record(dtype=str(model.dtype).removeprefix("torch."), mode=model.mode, static=model.static,
+                             el_attention=model.el_attention, quantize=model.quantize, device=model.device.type,
+                             max_batch_tokens=self.max_batch_tokens, max_batch_size=self.max_batch_size)
+
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
         """Resolve generation overrides over the checkpoint's defaults, once, under this summarizer's
         beam cap. Raises `InvalidRequest` naming the option (see `GenerationSpec.resolve`)."""
@@ -241,7 +251,7 @@ class Summarizer:
     def iter_batches(self, texts: Sequence[str], references: Sequence[str | None] | None = None, *,
                      encoded: Sequence[Encoded] | None = None, generation: GenerationSpec | None = None,
                      cancelled: Cancelled | None = None, isolate: bool = False, device: Device | None = None,
-                     **generation_kwargs) -> Iterator[BatchOutcome]:
+                     scorer: RougeScorer | None = None, **generation_kwargs) -> Iterator[BatchOutcome]:
         """Summarize like `summarize` (the same arguments), yielding each planned batch as soon as it is done.
 
         Batches come longest first; every input position appears in exactly one outcome. Each
@@ -250,7 +260,8 @@ class Summarizer:
         them; a batch is therefore yielded once the next one's model call is over (the last one
         at the end). Nothing else is held between yields, so a consumer may stop at any batch,
         write results, or run other model work in between. `device` is where the model calls run
-        (default: this thread; `bart_opt.batching.pipelined` has the rules).
+        (default: this thread; `bart_opt.batching.pipelined` has the rules); `scorer` scores the
+        references (default: this summarizer's, `scorer`).
         """
         texts, references = self._check_call(texts, references)
         spec = self._spec(generation, generation_kwargs)
@@ -260,7 +271,7 @@ class Summarizer:
         generate = functools.partial(self._measured_batch, encoded=encoded, spec=spec, cancelled=cancelled,
                                      isolate=isolate)
         finish = functools.partial(self._finished, encoded=encoded, references=references,
-                                   tokenize_share=tokenize_share)
+                                   tokenize_share=tokenize_share, scorer=scorer or self.scorer)
         with ThreadPoolExecutor(1, thread_name_prefix="bart-opt-finish") as finisher:
             yield from pipelined(self.plan(encoded, spec.num_beams), generate, finish, device=device or InlineDevice(),
                                  finisher=finisher, failed=lambda generated: generated[1].failed)
@@ -287,10 +298,10 @@ class Summarizer:
         return outcome, split
 
     def _finished(self, generated: tuple[BatchOutcome, SplitOutcome], *, encoded: list[Encoded], references,
-                  tokenize_share: float) -> BatchOutcome:
+                  tokenize_share: float, scorer: RougeScorer) -> BatchOutcome:
         """`outcome` decoded and scored (off the model's thread), with its share of the tokenize time."""
         outcome, split = generated
-        self._finish_batch(outcome, split, encoded, references, log_phases=False)
+        self._finish_batch(outcome, split, encoded, references, log_phases=False, scorer=scorer)
         for item in outcome.items.values():
             item["timing"]["tokenize"] = tokenize_share
         outcome.timing["tokenize"] = tokenize_share * len(outcome.positions)
@@ -415,13 +426,14 @@ class Summarizer:
         return outcome, split
 
     def _finish_batch(self, outcome: BatchOutcome, split: SplitOutcome, encoded: list[Encoded], references,
-                      log_phases: bool = True) -> None:
+                      log_phases: bool = True, scorer: RougeScorer | None = None) -> None:
         """Decode and score what `_generate_batch` produced and fill `outcome`. `log_phases` records
         the phases in the model's memory log (off when this runs beside the next model call)."""
         for index, (positions, stats) in enumerate(zip(split.calls, outcome.calls)):
             kept = [p for p in positions if p not in outcome.errors]
             sequences = [split.results[p] for p in kept]
-            self._decode_and_score(outcome, index, stats, kept, sequences, encoded, references, log_phases)
+            self._decode_and_score(outcome, index, stats, kept, sequences, encoded, references, log_phases,
+                                   scorer or self.scorer)
         for p, message in outcome.errors.items():
             outcome.summaries[p] = ""
             outcome.items[p] = {
@@ -453,7 +465,7 @@ class Summarizer:
 
     def _decode_and_score(self, outcome: BatchOutcome, call_index: int, stats: dict, positions: list[int],
                           sequences: list[torch.Tensor], encoded: list[Encoded], references,
-                          log_phases: bool = True) -> None:
+                          log_phases: bool = True, scorer: RougeScorer | None = None) -> None:
         """Decode one call's rows (`sequences` of `positions`) as the reference scripts do, score them,
         fill `outcome`."""
         def phase(name: str):  # no memory log may be touched from the finishing thread
@@ -469,7 +481,8 @@ class Summarizer:
                 reference = references[p] if references is not None else None
                 outcome.summaries[p] = text
                 outcome.items[p] = self._item(encoded[p], stats, call_index, sequence)
-                outcome.items[p]["rouge"] = self.scorer.score(text, reference) if reference is not None else None
+                outcome.items[p]["rouge"] = (scorer or self.scorer).score_any(text, reference) \
+                    if reference is not None else None
         score_s = time.perf_counter() - tick
         for phase, seconds in (("generate", stats["seconds"]), ("decode", decode_s), ("score", score_s)):
             outcome.timing[phase] += seconds

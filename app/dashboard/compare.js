@@ -108,9 +108,14 @@ function resultView(result) {
     h("p", {}, `${result.examples} examples, ${result.paired} scored in every run`,
       result.unpaired ? ` (${result.unpaired} left out: no ROUGE in some run)` : "",
       `. Paired tests on F1 over those examples: ${result.resamples} resamples, seed ${result.seed}; p < 0.05 in bold.`),
+    (result.notes || []).map((note) => notice(note, "warning")),
+    result.runs.flatMap((run) => (run.warnings || []).map((w) => notice(`${shortId(run.name)}: ${w}`, "warning"))),
     h("section", { class: "card", "aria-labelledby": "side-title" }, h("h2", { id: "side-title" }, "ROUGE side by side"),
-      h("p", { class: "muted small" }, "Mean F1 over the paired examples; in brackets each job's own 95% bootstrap interval."),
-      h("div", { class: "scroll" }, runsTable(result))),
+      h("p", { class: "muted small" }, "Mean F1 over the paired examples (each job's own figure when every example is paired); in brackets each job's own 95% bootstrap interval."),
+      h("div", { class: "scroll" }, runsTable(result)),
+      h("dl", { class: "facts", id: "compare-signatures" }, result.runs.map((run) => [
+        h("dt", {}, h("span", { class: "mono" }, shortId(run.name))),
+        h("dd", { class: "mono small" }, run.signature || "not recorded")]))),
     result.comparisons.map((c, k) => comparisonSection(c, k, result)));
 }
 

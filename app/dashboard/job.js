@@ -26,7 +26,7 @@ function rougeTable(rouge) {
     { label: "Metric", cell: (t) => ROUGE_NAMES[t] },
     { label: "Precision", numeric: true, cell: (t) => cell(t, "mid", "precision") },
     { label: "Recall", numeric: true, cell: (t) => cell(t, "mid", "recall") },
-    { label: "F1", numeric: true, cell: (t) => cell(t, "mid", "fmeasure") },
+    { label: "F1 (mean)", numeric: true, cell: (t) => cell(t, "mid", "fmeasure") },
     { label: "F1 95% low", numeric: true, cell: (t) => cell(t, "low", "fmeasure") },
     { label: "F1 95% high", numeric: true, cell: (t) => cell(t, "high", "fmeasure") },
   ], ROUGE_TYPES.filter((t) => rouge[t]), { id: "rouge-table" });
@@ -46,12 +46,24 @@ function baselineTable(baselines) {
   ], baselines, { id: "baseline-table" }));
 }
 
+function describeEngine(engine) {
+  if (!engine) return "–";
+  const options = ["static", "el_attention"].filter((name) => engine[name]).map((name) => name.replace("_", "-"));
+  if (engine.quantize) options.push(engine.quantize);
+  return [engine.dtype, engine.mode, ...options, `on ${engine.device}`].join(" · ");
+}
+
 function facts(job) {
   const t = job.timing || {};
   const m = job.memory || {};
+  const r = job.rouge_settings;
   const items = [
     ["Id", h("span", { class: "mono" }, job.id)],
+    ["System", job.system === "external" ? "another system's predictions, scored (no model run)" : "this server's model"],
     ["Model", h("span", { class: "mono" }, job.model)],
+    ["Engine", h("span", { id: "job-engine" }, describeEngine(job.engine))],
+    ["ROUGE settings", r ? `${r.tokenizer} tokenizer · ${r.lang} · stemmer ${r.stemmer} · Lsum split ${r.splitter} · point estimate: ${r.point === "mean" ? "mean over examples" : r.point}` : "defaults"],
+    ["Signature", h("span", { class: "mono small", id: "job-signature" }, job.signature || "–")],
     ["Dataset", describeDataset(job.dataset)],
     ["Generation", describeGeneration(job.generation, { all: true }).join(" · ") || "defaults"],
     ["Created", fmtTime(job.created_at)],
@@ -218,7 +230,7 @@ export function jobView(main, { fail }, id, params) {
     head,
     messages,
     downloads,
-    h("section", { class: "card", "aria-labelledby": "rouge-title" }, h("h2", { id: "rouge-title" }, "ROUGE (0–100, bootstrap 95% interval)"), rougeSlot),
+    h("section", { class: "card", "aria-labelledby": "rouge-title" }, h("h2", { id: "rouge-title" }, "ROUGE (0–100: mean over examples, bootstrap 95% interval)"), rougeSlot),
     h("section", { class: "card", "aria-labelledby": "batch-title" }, h("h2", { id: "batch-title" }, "Memory and device time per batch"), batchSlot),
     resultSlot,
   ];
@@ -242,7 +254,8 @@ export function jobView(main, { fail }, id, params) {
         job.error ? notice(job.error) : null,
         progressBar(job.progress, job.status),
         facts(job));
-      replace(rougeSlot, rougeTable(job.rouge), baselineTable(job.baselines));
+      replace(rougeSlot, (job.warnings || []).map((w) => notice(w, "warning")), rougeTable(job.rouge),
+        baselineTable(job.baselines));
       replace(batchSlot, batchCharts(job.memory && job.memory.batches));
       if (progressChanged) {
         const focused = resultSlot.contains(document.activeElement);

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.jobs.job import Job
-from app.schemas import GenerationOptions, RougeAggregate
+from app.schemas import GenerationOptions, RougeAggregate, RougeOptions
 from app.engine import shown_model
 from bart_opt.baselines import BASELINES
 
@@ -66,12 +66,26 @@ class DatasetSpec(BaseModel):
         return {"records": len(self.records)}
 
 
+class PredictionsSpec(BaseModel):
+    """Score another system's predictions instead of running the model: `column` holds them (the
+    references are the summary column's, as for a model job), `name` names the system in reports."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    column: str = Field("prediction", min_length=1, description="The column of the predictions.")
+    name: str = Field("external", min_length=1, max_length=200,
+                      description="How the job names the system (PEGASUS, an LLM, ...).")
+
+
 class EvaluateRequest(BaseModel):
     """``POST /evaluate`` body.
 
     Column names default per source (``article`` / ``highlights`` / ``id`` for hub and
     files; ``text`` / ``reference`` / ``id`` for inline records). ``summary_column: null``
     evaluates without references (no ROUGE). A missing id column numbers the records.
+    ``predictions`` scores the predictions in a column instead of running the model (no generation
+    options, no baselines; references needed). ``rouge`` picks the tokenizer and the language
+    (the server's ``BART_OPT_ROUGE_TOKENIZER`` / ``BART_OPT_ROUGE_LANG`` by default).
     Types are strict: ``"5"`` or ``5.0`` is not a `limit`.
     """
 
@@ -90,12 +104,31 @@ class EvaluateRequest(BaseModel):
         description="Baselines scored on the same records beside the model when the job ends (e.g. lead-3: the "
         "article's first three sentences), reported under `baselines` with the same ROUGE intervals.",
     )
+    predictions: PredictionsSpec | None = Field(
+        None, description="Score another system's predictions (a column of the dataset) instead of running the "
+        "model; the job's system is then `external`.")
+    rouge: RougeOptions | None = Field(None, description="ROUGE tokenizer and language (default: the server's).")
+
+    @model_validator(mode="after")
+    def _predictions_alone(self) -> EvaluateRequest:
+        if self.predictions is not None:
+            given = [name for name in ("generation", "text_column") if getattr(self, name) is not None]
+            given += ["baselines"] if self.baselines else []
+            if given:
+                raise ValueError(f"{', '.join(given)}: do not apply to a job of predictions (no model runs; the "
+                                 "predictions are in predictions.column)")
+            if "summary_column" in self.model_fields_set and self.summary_column is None:
+                raise ValueError("summary_column: predictions need references to be scored against")
+        return self
 
     def columns(self) -> dict:
-        """The effective column names: given ones, else the source's defaults."""
+        """The effective column names: given ones, else the source's defaults (the predictions' column
+        as the text of a job of predictions)."""
         defaults = DEFAULT_COLUMNS[self.dataset.source]
         summary = self.summary_column if "summary_column" in self.model_fields_set else defaults["summary"]
         text, record_id = self.text_column or defaults["text"], self.id_column or defaults["id"]
+        if self.predictions is not None:
+            text = self.predictions.column
         return {"text": text, "summary": summary, "id": record_id}
 
 
@@ -161,6 +194,8 @@ class JobView(BaseModel):
 
     id: str
     status: str
+    system: str = Field("bart", description="`bart` (the model ran it) or `external` (another system's "
+                        "predictions, scored)")
     model: str
     fingerprint: str | None = Field(
         description="The content digest of the checkpoint the job runs on (`/ready`'s fingerprint when it was "
@@ -168,12 +203,24 @@ class JobView(BaseModel):
     dataset: dict
     columns: dict
     limit: int | None
-    generation: dict
+    generation: dict | None
     created_at: str
     started_at: str | None
     finished_at: str | None
     progress: Progress
-    rouge: RougeAggregate | None
+    rouge: RougeAggregate | None = Field(
+        description="Per type: `mid` the mean over examples (the point estimate every surface shows), `low` and "
+        "`high` the 95% bootstrap interval")
+    signature: str | None = Field(
+        None, description="The sacrebleu-style signature of the ROUGE settings and the engine; two numbers with the "
+        "same part before `system:` are comparable")
+    rouge_settings: dict | None = Field(None, description="The ROUGE settings the job is scored with")
+    engine: dict | None = Field(None, description="The engine the job runs on (dtype, mode, static, el_attention, "
+                                "quantize, device, batch budgets); only a replica with the same one runs it")
+    versions: dict | None = None
+    processor: dict | None = None
+    warnings: list[str] = Field(default_factory=list, description="What to know before reading the numbers (e.g. "
+                                "the tokenizer dropped most of some texts' characters)")
     baselines: list[BaselineView] = Field(default_factory=list, description="The baselines the job asked for.")
     memory: JobMemory
     timing: JobTiming
@@ -194,9 +241,11 @@ class JobView(BaseModel):
         rate = job.done / job.active_s if job.done and job.active_s > 0 else None
         final_memory = metrics.get("memory", {})
         runtime = metrics.get("runtime_s", job.work_s)
+        record = job.record or {}
         return cls(
             id=job.id,
             status=job.status,
+            system=job.system,
             model=shown_model(job.model),
             fingerprint=job.fingerprint,
             dataset=job.dataset,
@@ -209,6 +258,12 @@ class JobView(BaseModel):
             progress=Progress(done=job.done, failed=job.failed, total=job.total, rate=rate,
                               eta_s=job.pending / rate if rate and job.active else None),
             rouge=metrics.get("rouge"),
+            signature=metrics.get("signature") or record.get("signature"),
+            rouge_settings=job.rouge_settings,
+            engine=job.engine,
+            versions=record.get("versions"),
+            processor=record.get("processor"),
+            warnings=metrics.get("warnings", []),
             baselines=[BaselineView.of(name, metrics.get("baselines", {}).get(name)) for name in job.baselines],
             memory=JobMemory(peak_bytes=job.peak_bytes, device=final_memory.get("device"),
                              peak_source=final_memory.get("peak_source"), batches=batches),

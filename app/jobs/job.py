@@ -36,6 +36,13 @@ class Job:
     created_at / started_at / finished_at: ``time.time()`` stamps (None until they happen).
     error: why the job failed; status_detail: what a running job waits for or runs on.
     metrics: the final metrics (`bart_opt.evaluate` shape), None before the job succeeded.
+    system: ``bart`` (the model runs it) or ``external`` (its records carry another system's predictions).
+    engine / engine_key: the engine of the server it was submitted to (`bart_opt.evaluate.record`); only a
+        replica with the same `engine_key` runs it. None for external jobs and jobs from before schema 7.
+    rouge_settings: its `bart_opt.rouge.RougeSettings` as a dict (None before schema 7: the defaults).
+    record: the rest of its run record: ``versions``, ``processor``, ``started_at``, ``signature``, and for
+        an external job the system's ``name``.
+    waiting_since: when it last became claimable (sealed or handed back).
     """
 
     id: str
@@ -66,6 +73,12 @@ class Job:
     error: str | None
     status_detail: str | None
     metrics: dict | None
+    system: str = "bart"
+    engine: dict | None = None
+    engine_key: str | None = None
+    rouge_settings: dict | None = None
+    record: dict | None = None
+    waiting_since: float | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Job:

@@ -20,7 +20,7 @@ from sqlalchemy.engine import Row
 from app.jobs.job import STATUSES, Job
 from bart_opt.data import Record
 
-_JSON_COLUMNS = ("dataset", "columns", "generation", "baselines", "metrics")
+_JSON_COLUMNS = ("dataset", "columns", "generation", "baselines", "metrics", "engine", "rouge_settings", "record")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,15 @@ How a job runs (``JobRunner._run``):
 3. When every record has a row, the job ends: ``failed`` with the first reasons when every
    example failed, else ``succeeded`` with metrics computed from all stored rows, streamed in
    record order (`bart_opt.evaluate.metrics`), so ROUGE is the same however many times the job
-   was interrupted, and the baselines it asked for.
+   was interrupted, and the baselines it asked for. Scores use the job's own ROUGE settings
+   (``rouge_settings``), and the metrics carry the job's signature.
+
+A job carries its engine (``engine_key``, `bart_opt.evaluate.record.engine_key`): a runner claims only
+jobs of its own engine (`JobStore.claim_next`), so two replicas with other ``BART_OPT_*`` engine
+settings on one database, or a server restarted with other ones, never finish a job another engine
+began; a job no replica of its engine has claimed for `RunnerConfig.engine_wait_s` is failed naming
+both engines (`JobStore.fail_foreign`). A job of another system's predictions (``system``
+``external``) runs on any replica, through `bart_opt.evaluate.external.ScoringExecutor`: no model.
 
 Failures never loop and never strand a job: a record the model fails on alone is stored with
 its reason; `bart_opt.evaluate.core.MAX_FAILURE_STREAK` such failures in a row fail the job; a
@@ -44,7 +52,10 @@ from app.jobs.storage import Interrupted, StoreSink, StoreSource
 from app.jobs.store import JobStore, StoreConflict, StoreError, describe_store_error
 from app.worker import State
 from bart_opt.evaluate.core import Executor, FailureStreak, RunControl, evaluate_records
-from bart_opt.evaluate.metrics import metrics_from_rows, score_baselines
+from bart_opt.evaluate.external import ScoringExecutor
+from bart_opt.evaluate.metrics import RowTotals, metrics_from_rows, score_baselines
+from bart_opt.evaluate.record import engine_key
+from bart_opt.rouge import RougeSettings
 from bart_opt.spec import GenerationSpec
 
 logger = logging.getLogger("app.jobs")
@@ -55,12 +66,14 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner's settings: lease length, window size, and how long a store error is retried."""
+    """The runner's settings: lease length, window size, how long a store error is retried, and how long
+    a job of another engine waits for a replica of its engine before this runner fails it."""
 
     lease_s: float = 30.0
     window_records: int = 512
     window_chars: int = 2_000_000
     store_retry_s: float = 60.0
+    engine_wait_s: float = 300.0
 
 
 class _StoreDown(Exception):
@@ -84,6 +97,8 @@ class JobRunner:
         self.owner = owner
         self._make_executor = executor
         self._executor: Executor | None = None
+        self._executor_lock = threading.Lock()
+        self._foreign_checked = 0.0  # when jobs of other engines were last looked for (monotonic)
         self._store_ready = store_ready
         self._stop = threading.Event()
         self._kick = threading.Event()
@@ -146,6 +161,18 @@ class JobRunner:
             logger.info("job %s is no longer ours (cancelled, or taken over after a stall)", job_id)
             self.cancel(job_id)
 
+    def executor(self) -> Executor:
+        """The executor of this process's model jobs, made once (after the model is loaded)."""
+        with self._executor_lock:
+            if self._executor is None:
+                self._executor = self._make_executor()
+            return self._executor
+
+    @property
+    def engine_key(self) -> str | None:
+        """This replica's engine as jobs record it (`bart_opt.evaluate.record.engine_key`)."""
+        return engine_key(self.executor().engine_record())
+
     def queue_failures(self) -> tuple[int, float]:
         """How many reads of the job queue failed in a row (0 once one works), and the wall-clock time of the first."""
         return self._queue_failures
@@ -163,7 +190,7 @@ class JobRunner:
     def _main(self) -> None:
         if not self._wait_for_model():
             return
-        self._executor = self._make_executor()
+        mine = self.engine_key
         delay = 0.0
         while not self._stop.is_set():
             self._kick.clear()
@@ -171,7 +198,8 @@ class JobRunner:
                 self._stop.wait(0.2)
                 continue
             try:
-                job = self.store.claim_next(self.owner, self.config.lease_s)
+                self._fail_foreign(mine)
+                job = self.store.claim_next(self.owner, self.config.lease_s, mine)
             except Exception as error:  # noqa: BLE001 - the runner thread never dies: accepted jobs wait for it
                 failures, since = self._queue_failures
                 self._queue_failures = (failures + 1, since or time.time())
@@ -189,6 +217,15 @@ class JobRunner:
                 self._kick.wait(self.idle_poll_s)
                 continue
             self._run(job)
+
+    def _fail_foreign(self, mine: str | None) -> None:
+        """Every few seconds, fail the jobs of other engines that waited `engine_wait_s` for a replica of theirs."""
+        if mine is None or time.monotonic() - self._foreign_checked < min(5.0, self.config.engine_wait_s / 2):
+            return
+        self._foreign_checked = time.monotonic()
+        for job_id in self.store.fail_foreign(mine, self.config.engine_wait_s):
+            logger.warning("job %s failed: no replica with its engine took it within %g s (this one runs %s)",
+                           job_id, self.config.engine_wait_s, mine)
 
     def _wait_for_model(self) -> bool:
         while not self._stop.is_set():
@@ -209,7 +246,9 @@ class JobRunner:
         self.on_change()
         logger.info("job %s: run %d, %d of %d examples done", job.id, job.runs, job.done, job.total)
         try:
-            if self._claimed_for_another_model(job) or self._claimed_for_another_checkpoint(job):
+            if job.system == "bart" and (self._claimed_for_another_model(job) or
+                                         self._claimed_for_another_checkpoint(job) or
+                                         self._claimed_for_another_engine(job)):
                 return
             self._process(job, control)
             self._conclude(job.id)
@@ -258,6 +297,32 @@ class JobRunner:
         self._store(self.store.fail, job.id, reason, self.owner)
         return True
 
+    def _claimed_for_another_engine(self, job: Job) -> bool:
+        """Fail `job` when this replica's engine is not the one it was submitted to (True). A job from
+        before schema 7 (no engine recorded) takes this one if no row is stored yet; with rows stored it
+        cannot be told what made them, so it is failed."""
+        mine = self._executor.engine_record()
+        if job.engine_key == engine_key(mine):
+            return False
+        if job.engine_key is None:
+            if self._store(self.store.adopt_engine, job.id, self.owner, mine):
+                return False
+            reason = (f"the job has {job.done} stored predictions but no record of the engine that made them (it "
+                      f"predates engine records), and this server runs {engine_key(mine)}; submit it again")
+        else:
+            reason = (f"the job was submitted to engine {job.engine_key}, but this server runs {engine_key(mine)}; "
+                      f"its {job.done} stored predictions are kept and nothing is mixed: submit it again to run it "
+                      "on this engine")
+        logger.warning("job %s not resumed: %s", job.id, reason)
+        self._store(self.store.fail, job.id, reason, self.owner)
+        return True
+
+    def _executor_of(self, job: Job) -> Executor:
+        """What runs `job`: this process's model executor, or a `ScoringExecutor` for another system's predictions."""
+        if job.system == "external":
+            return ScoringExecutor(job.model, _rouge(job))
+        return self._executor
+
     def _process(self, job: Job, control: RunControl) -> None:
         """Store a row for every pending record; `Interrupted` when the run ends before."""
         self._live = (time.perf_counter(), 0)
@@ -268,7 +333,8 @@ class JobRunner:
 
         source = StoreSource(self._store, self.store, job, self.config.window_records, self.config.window_chars)
         sink = StoreSink(self._store, self.store, job, self.owner, job.runs, on_write=written)
-        evaluate_records(source, sink, self._executor, GenerationSpec.from_dict(job.generation), control=control)
+        spec = GenerationSpec.from_dict(job.generation) if job.generation is not None else None
+        evaluate_records(source, sink, self._executor_of(job), spec, control=control, rouge=_rouge(job))
         if control.stopping:
             raise Interrupted
 
@@ -333,12 +399,18 @@ class JobRunner:
             self._store(self.store.fail, job_id, f"all {job.total} examples failed; the first: {reasons}", self.owner)
             logger.info("job %s failed: every example failed", job_id)
             return
-        model = self._executor.model
-        metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), model=model,
-                                                        generation=job.generation))
+        rouge, record = _rouge(job), job_record(job)
+        if job.system == "external":
+            metrics = self._store(lambda: RowTotals(rouge.scorer()).added(self.store.iter_rows(job_id))
+                                  .external_metrics(record))
+        else:
+            model = self._executor.model
+            metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), model=model,
+                                                            generation=job.generation, scorer=rouge.scorer(),
+                                                            record=record))
         if job.baselines:  # on this thread, on the CPU: the device goes on with other work
             metrics["baselines"] = self._store(lambda: score_baselines(
-                job.baselines, lambda: self.store.iter_records(job_id), model.scorer))
+                job.baselines, lambda: self.store.iter_records(job_id), rouge.scorer()))
         if self._store(self.store.finish, job_id, self.owner, metrics):
             logger.info("job %s succeeded (%d of %d examples failed)", job_id, job.failed, job.total)
 
@@ -365,3 +437,16 @@ class JobRunner:
                 if self._stop.wait(delay):
                     raise Interrupted from error
                 delay = min(2 * delay, 2.0)
+
+
+def _rouge(job: Job) -> RougeSettings:
+    """The job's ROUGE settings (the defaults for a job from before schema 7)."""
+    return RougeSettings.from_dict(job.rouge_settings) if job.rouge_settings is not None else RougeSettings()
+
+
+def job_record(job: Job) -> dict:
+    """The job's run record, as a run folder's run.json holds it (`bart_opt.evaluate.record.run_record`)."""
+    extra = job.record or {}
+    return {"system": job.system, "model": job.model, "fingerprint": job.fingerprint, "generation": job.generation,
+            "engine": job.engine, "rouge_settings": job.rouge_settings or RougeSettings().to_dict(),
+            **{key: extra.get(key) for key in ("versions", "processor", "started_at")}}

@@ -54,7 +54,9 @@ from app.jobs.store import ERROR_FILTERS, JobStore, NewJob, describe_store_error
 from app.metrics import Metrics
 from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
+from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.core import Executor, SummarizerExecutor
+from bart_opt.evaluate.record import run_record
 from bart_opt.readers import TooLarge
 
 logger = logging.getLogger("app.jobs")
@@ -77,7 +79,8 @@ class JobService:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._store_ready = threading.Event()
         config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
-                              window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s)
+                              window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s,
+                              engine_wait_s=settings.job_engine_wait_s)
         self.runner = JobRunner(self.store, engine, self._executor, config, self.owner, self._store_ready)
         limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
         self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)
@@ -278,13 +281,7 @@ class JobService:
                 existing = self.store.find_by_key(idempotency_key)
                 if existing is not None:
                     return self._replay(existing, idempotency_key, request_hash), False
-            generation = self.engine.request_spec(body.generation)
-            fingerprint = self.engine.fingerprint
-            new = NewJob(id=uuid.uuid4().hex, request_hash=request_hash, model=self.engine.name,
-                         fingerprint=None if fingerprint is None else str(fingerprint),
-                         dataset=body.dataset.describe(), columns=body.columns(), limit=body.limit,
-                         generation=generation.to_dict(), idempotency_key=idempotency_key,
-                         baselines=tuple(dict.fromkeys(body.baselines)))
+            new = self._new_job(body, request_hash, idempotency_key)
             with self._dataset_errors(body) as where:
                 records = self._open(body)
                 try:
@@ -297,6 +294,36 @@ class JobService:
         self.runner.wake()
         self._changed.set()
         return self.view(job), True
+
+    def _new_job(self, body: EvaluateRequest, request_hash: str, idempotency_key: str | None) -> NewJob:
+        """The job `body` asks for, with its run record: the engine and checkpoint of this server (a model
+        job), the ROUGE settings, the versions, the processor and the signature. Raises `InvalidRequest`
+        (a 422) naming ``generation.*`` or ``rouge.*``."""
+        options = body.rouge
+        try:
+            rouge = self.settings.rouge_settings(options and options.tokenizer, options and options.lang)
+        except InvalidRequest as error:
+            raise error.within("rouge") from None
+        common = {"id": uuid.uuid4().hex, "request_hash": request_hash, "dataset": body.dataset.describe(),
+                  "columns": body.columns(), "limit": body.limit, "idempotency_key": idempotency_key}
+        if body.predictions is not None:
+            record = run_record(system="external", model=body.predictions.name, rouge=rouge)
+            return NewJob(**common, model=body.predictions.name, generation=None, system="external",
+                          rouge_settings=record.pop("rouge_settings"), record=_record_rest(record))
+        generation = self.engine.request_spec(body.generation)
+        fingerprint = self.engine.fingerprint
+        executor = self.runner.executor()
+        record = run_record(system="bart", model=self.engine.name,
+                            fingerprint=None if fingerprint is None else str(fingerprint),
+                            generation=generation.to_dict(), engine=executor.engine_record(), rouge=rouge,
+                            processor_info=executor.processor())
+        return NewJob(**common, model=self.engine.name, fingerprint=record["fingerprint"],
+                      generation=generation.to_dict(), baselines=tuple(dict.fromkeys(body.baselines)),
+                      engine=record["engine"], rouge_settings=record["rouge_settings"], record=_record_rest(record))
+
+    def engine_record(self) -> dict | None:
+        """This replica's engine as jobs record it (None before the model is loaded): what ``/ready`` shows."""
+        return self.runner.executor().engine_record() if self.engine.summarizer is not None else None
 
     def _open(self, body: EvaluateRequest) -> RecordStream:
         """The body's records as a stream (nothing is opened for a refused path)."""
@@ -437,6 +464,11 @@ class JobService:
     def view(self, job: Job, *, detail: bool = False) -> dict:
         """The API view of `job` (`JobView.of`) as a dict; `detail` adds the per-batch memory list."""
         return JobView.of(job, batches=self.store.batches(job.id) if detail else None).model_dump()
+
+
+def _record_rest(record: dict) -> dict:
+    """What a job keeps of its run record beside its own columns: versions, processor, start, signature."""
+    return {key: record[key] for key in ("versions", "processor", "started_at", "signature")}
 
 
 def _hub_problem(hub: str, error: HubUnavailable) -> str:

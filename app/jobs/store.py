@@ -67,6 +67,7 @@ from app.jobs.database import (
 from app.jobs.job import ACTIVE, Job
 from app.jobs.migrations import migrate
 from app.jobs.queries import JobQueries, StoredRecord, job_of
+from bart_opt.evaluate.record import engine_key
 from bart_opt.data import Record
 
 ERROR_FILTERS = ("include", "only", "exclude")
@@ -97,6 +98,10 @@ class NewJob:
     idempotency_key: str | None = None
     baselines: tuple[str, ...] = ()
     fingerprint: str | None = None  # the checkpoint's content digest (`bart_opt.fingerprint`)
+    system: str = "bart"  # or "external": the records carry the predictions (see `app.jobs.job.Job`)
+    engine: dict | None = None  # the submitting server's engine (`bart_opt.evaluate.record.engine_record`)
+    rouge_settings: dict | None = None  # `bart_opt.rouge.RougeSettings.to_dict`
+    record: dict | None = None  # versions, processor, start, signature
 
 
 class DuplicateId(ValueError):
@@ -233,14 +238,18 @@ class JobStore(JobQueries):
             with self._write() as connection:
                 connection.execute(text(
                     "INSERT INTO jobs (id, idempotency_key, request_hash, status, model, fingerprint, dataset,"
-                    " columns, record_limit, generation, baselines, total, created_at, owner, lease_until)"
+                    " columns, record_limit, generation, baselines, total, created_at, owner, lease_until, system,"
+                    " engine, engine_key, rouge_settings, record)"
                     " VALUES (:id, :key, :hash, 'loading', :model, :fingerprint, :dataset, :columns, :limit,"
-                    " :generation, :baselines, 0, :now, :owner, :lease)"
+                    " :generation, :baselines, 0, :now, :owner, :lease, :system, :engine, :engine_key, :rouge, :record)"
                 ), {"id": job.id, "key": job.idempotency_key, "hash": job.request_hash, "model": job.model,
                     "fingerprint": job.fingerprint,
                     "dataset": _dumps(job.dataset), "columns": _dumps(job.columns), "limit": job.limit,
                     "generation": _dumps(job.generation), "baselines": _dumps(list(job.baselines)), "now": now,
-                    "owner": owner, "lease": now + lease_s})
+                    "owner": owner, "lease": now + lease_s, "system": job.system,
+                    "engine": None if job.engine is None else _dumps(job.engine), "engine_key": engine_key(job.engine),
+                    "rouge": None if job.rouge_settings is None else _dumps(job.rouge_settings),
+                    "record": None if job.record is None else _dumps(job.record)})
         except StoreConflict:
             existing = self.find_by_key(job.idempotency_key) if job.idempotency_key else None
             if existing is None:
@@ -293,8 +302,8 @@ class JobStore(JobQueries):
         """
         with self._write() as connection:
             changed = connection.execute(text(
-                "UPDATE jobs SET status = 'queued', total = :total, owner = NULL, lease_until = NULL, created_at = :now"
-                " WHERE id = :job AND status = 'loading' AND owner = :owner"
+                "UPDATE jobs SET status = 'queued', total = :total, owner = NULL, lease_until = NULL, created_at = :now,"
+                " waiting_since = :now WHERE id = :job AND status = 'loading' AND owner = :owner"
             ), {"total": total, "now": time.time(), "job": job_id, "owner": owner}).rowcount
         return self.get(job_id) if changed else None
 
@@ -340,23 +349,27 @@ class JobStore(JobQueries):
 
     # ---- the runner's transitions ------------------------------------------------------
 
-    def claim_next(self, owner: str, lease_s: float) -> Job | None:
+    def claim_next(self, owner: str, lease_s: float, engine_key: str | None = None) -> Job | None:
         """Give `owner` the oldest claimable job, marked ``running`` under its lease (None when none).
 
         Claimable: queued, or running under a lease that expired (its owner stopped renewing:
-        it died) or under `owner`'s own (a job this process dropped while the store was down).
+        it died) or under `owner`'s own (a job this process dropped while the store was down);
+        with `engine_key` (the claiming replica's, `bart_opt.evaluate.record.engine_key`), only a job
+        of that engine, an external one, or one that records no engine (from before schema 7).
         A job whose previous runs finished no batch `MAX_STALLED_RUNS` times in a row is failed
         instead, and the next one is tried. A run that was released cleanly is no stall. On
         PostgreSQL a job another replica is claiming is skipped (``SKIP LOCKED``), not waited for.
         """
         now = time.time()
+        engine_clause = "" if engine_key is None else \
+            " AND (system = 'external' OR engine_key IS NULL OR engine_key = :engine)"
         with self._write() as connection:
             while True:
                 row = connection.execute(text(
-                    "SELECT * FROM jobs WHERE status = 'queued' OR (status = 'running' AND"
-                    " (lease_until IS NULL OR lease_until < :now OR owner = :owner)) ORDER BY created_at, id LIMIT 1"
-                    + self._skip_locked
-                ), {"now": now, "owner": owner}).first()
+                    "SELECT * FROM jobs WHERE (status = 'queued' OR (status = 'running' AND"
+                    " (lease_until IS NULL OR lease_until < :now OR owner = :owner)))" + engine_clause +
+                    " ORDER BY created_at, id LIMIT 1" + self._skip_locked
+                ), {"now": now, "owner": owner, "engine": engine_key}).first()
                 if row is None:
                     return None
                 job = row._mapping
@@ -381,6 +394,31 @@ class JobStore(JobQueries):
                     " status_detail = NULL WHERE id = :job"
                 ), {"stalled": stalled, "now": now, "owner": owner, "lease": now + lease_s, "job": job["id"]})
                 return job_of(connection.execute(text("SELECT * FROM jobs WHERE id = :job"), {"job": job["id"]}).first())
+
+    def fail_foreign(self, engine_key: str, wait_s: float) -> list[str]:
+        """Fail the model jobs of another engine than `engine_key` that no replica of theirs has claimed for
+        `wait_s` seconds (queued that long, or running under a lease that ran out that long ago), each
+        with a reason naming both engines; returns their ids."""
+        now = time.time()
+        with self._write() as connection:
+            return list(connection.execute(text(
+                "UPDATE jobs SET status = 'failed', finished_at = :now, owner = NULL, lease_until = NULL,"
+                " status_detail = NULL, error = 'the job was submitted to engine ' || engine_key || ' and no replica"
+                " with that engine took it within ' || :wait || ' s (this one runs ' || :engine || '); nothing was"
+                " mixed: start a replica with the job''s engine, or submit it again to run it on this one'"
+                " WHERE system = 'bart' AND engine_key IS NOT NULL AND engine_key != :engine AND"
+                " ((status = 'queued' AND COALESCE(waiting_since, created_at) < :cutoff) OR"
+                " (status = 'running' AND lease_until < :cutoff)) RETURNING id"
+            ), {"now": now, "cutoff": now - wait_s, "wait": f"{wait_s:g}", "engine": engine_key}).scalars())
+
+    def adopt_engine(self, job_id: str, owner: str, engine: dict) -> bool:
+        """Record `engine` for a running model job of `owner` that has none and no stored row yet (a job from
+        before schema 7); False otherwise, when nothing is written."""
+        with self._write() as connection:
+            return connection.execute(text(
+                "UPDATE jobs SET engine = :engine, engine_key = :key WHERE id = :job AND owner = :owner AND"
+                " status = 'running' AND engine_key IS NULL AND done = 0"
+            ), {"engine": _dumps(engine), "key": engine_key(engine), "job": job_id, "owner": owner}).rowcount == 1
 
     def renew(self, job_id: str, owner: str, lease_s: float) -> bool:
         """Extend `owner`'s lease on a running or loading job; False when it is no longer its own."""
@@ -415,8 +453,8 @@ class JobStore(JobQueries):
             return connection.execute(text(
                 "UPDATE jobs SET status = 'queued', owner = NULL, lease_until = NULL, status_detail = NULL,"
                 " stalled_runs = CASE WHEN done > COALESCE(done_at_start, done) THEN 0 ELSE stalled_runs END,"
-                " done_at_start = NULL WHERE id = :job AND owner = :owner AND status = 'running'"
-            ), {"job": job_id, "owner": owner}).rowcount == 1
+                " done_at_start = NULL, waiting_since = :now WHERE id = :job AND owner = :owner AND status = 'running'"
+            ), {"job": job_id, "owner": owner, "now": time.time()}).rowcount == 1
 
     def write_batch(self, job_id: str, owner: str, batch: BatchWrite) -> bool:
         """Store prediction rows in one transaction; False (nothing written) unless the job is

@@ -6,7 +6,7 @@ at ``BART_OPT_FD_UNHEALTHY_FRACTION`` of ``RLIMIT_NOFILE``; the use is in every 
 model that failed to load keeps ``/health`` at 200 (a restart with the same settings fails
 the same way; ``/ready`` says why it is not ready). A ready ``/ready`` names the checkpoint by
 its fingerprint (`bart_opt.fingerprint`) and lists the operator faults in effect
-(`app.startup`). While the jobs database is damaged it reads ``degraded``, with a
+(`app.startup`), and its engine as resolved (what jobs record, quantize included). While the jobs database is damaged it reads ``degraded``, with a
 ``jobs_store_damaged`` warning that says so: ``/summarize`` still serves, evaluation jobs are off
 (their routes answer 503 without ``Retry-After``: waiting will not mend it). While this process's job
 runner fails to read the job queue (it retries, backing off to 5 s) it reads ``degraded`` too, with a
@@ -54,6 +54,9 @@ class Ready(BaseModel):
         "bfloat16 gets on a CPU without native bfloat16")
     fingerprint: str | None = Field(
         description="sha256 over the checkpoint's files as loaded (weights, config, generation config, tokenizer)")
+    engine: dict | None = Field(
+        None, description="The engine as resolved (dtype, mode, static, el_attention, quantize, device, batch "
+        "budgets): evaluation jobs record it, and a replica runs only jobs of its own engine")
     warnings: list[ReadyWarning] = Field(description="Operator faults in effect; the service runs without what they name")
 
 
@@ -85,4 +88,4 @@ async def ready(request: Request) -> dict:
     dtype, dtype_reason = service.dtype
     return {"status": "degraded" if problems else "ready", "model": service.model_name, "device": service.device,
             "dtype": dtype, "dtype_reason": dtype_reason, "fingerprint": None if fingerprint is None else str(fingerprint),
-            "warnings": startup.warnings(request.app.state.settings) + problems}
+            "engine": jobs.engine_record(), "warnings": startup.warnings(request.app.state.settings) + problems}

@@ -81,8 +81,8 @@ class _Recorded:
     def __getattr__(self, name: str):
         return getattr(self.executor, name)
 
-    def run(self, source, spec, control):
-        for batch in self.executor.run(source, spec, control):
+    def run(self, source, spec, control, rouge=None):
+        for batch in self.executor.run(source, spec, control, rouge):
             self.batches.append((time.time(), batch))
             yield batch
 

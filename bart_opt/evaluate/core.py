@@ -42,6 +42,7 @@ from bart_opt.batching import Device, InlineDevice
 from bart_opt.data import Record
 from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.rows import FAILED, MODEL, REFUSED, RowBatch, prediction_row, refused_row
+from bart_opt.rouge import RougeSettings
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import CANCELLED, BatchOutcome, Encoded, Summarizer, check_text
 
@@ -164,7 +165,10 @@ class Executor(Protocol):
     """Turns a source into row batches. `model` describes the model for the metrics (see
     `bart_opt.evaluate.metrics.ModelInfo`), `identity` is what a resumed run must match,
     `fingerprint` the content digest of the checkpoint the model calls run on (`bart_opt.fingerprint`;
-    a resumed run must match it too), and `in_process` says whether the model calls run in this process."""
+    a resumed run must match it too), `engine_record` the engine as resolved and `processor` what runs it
+    (`bart_opt.evaluate.record`: a resumed run must match the engine), and `in_process` says whether
+    the model calls run in this process. `run` scores references with the scorer of `rouge`
+    (`bart_opt.rouge.RougeSettings`; None: the model's own scorer)."""
 
     in_process: bool
 
@@ -176,9 +180,14 @@ class Executor(Protocol):
 
     def identity(self) -> dict[str, Any]: ...
 
+    def engine_record(self) -> dict[str, Any]: ...
+
+    def processor(self) -> dict[str, Any]: ...
+
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec: ...
 
-    def run(self, source: Source, spec: GenerationSpec, control: RunControl) -> Iterator[RowBatch]: ...
+    def run(self, source: Source, spec: GenerationSpec, control: RunControl,
+            rouge: RougeSettings | None = None) -> Iterator[RowBatch]: ...
 
 
 @dataclass
@@ -190,8 +199,10 @@ class RunReport:
 
 
 def evaluate_records(source: Source, sink: Sink, executor: Executor, spec: GenerationSpec, *,
-                     control: RunControl | None = None, max_failure_streak: int = MAX_FAILURE_STREAK) -> RunReport:
-    """Run every pending record of `source` through `executor` and store the rows in `sink`.
+                     control: RunControl | None = None, max_failure_streak: int = MAX_FAILURE_STREAK,
+                     rouge: RougeSettings | None = None) -> RunReport:
+    """Run every pending record of `source` through `executor` and store the rows in `sink`, their
+    references scored with `rouge`'s scorer (None: the model's own).
 
     Returns once every record has a row, or early when `control` stops or cancels the run.
     Raises `FailureStreak` after `max_failure_streak` model failures in a row (what was stored
@@ -201,7 +212,7 @@ def evaluate_records(source: Source, sink: Sink, executor: Executor, spec: Gener
     stored = SeenIds()
     report = RunReport()
     streak, last_error = 0, ""
-    batches = executor.run(_Deduped(source, sink.done), spec, control)
+    batches = executor.run(_Deduped(source, sink.done), spec, control, rouge=rouge)
     try:
         for batch in batches:
             if control.cancelled:
@@ -279,18 +290,28 @@ class SummarizerExecutor:
     def identity(self) -> dict[str, Any]:
         return {"model": self.summarizer.name}
 
+    def engine_record(self) -> dict[str, Any]:
+        return self.summarizer.engine_record()
+
+    def processor(self) -> dict[str, Any]:
+        from bart_opt.evaluate.record import processor
+
+        return processor(str(self.summarizer.device))
+
     def generation_spec(self, overrides: Mapping[str, Any] | None = None) -> GenerationSpec:
         return self.summarizer.generation_spec(overrides)
 
-    def run(self, source: Source, spec: GenerationSpec, control: RunControl) -> Iterator[RowBatch]:
+    def run(self, source: Source, spec: GenerationSpec, control: RunControl,
+            rouge: RougeSettings | None = None) -> Iterator[RowBatch]:
         for window in source.windows():
             if control.stopping:
                 return
-            yield from self.run_window(window, spec, control)
+            yield from self.run_window(window, spec, control, rouge)
 
-    def run_window(self, window: Sequence[Pending], spec: GenerationSpec,
-                   control: RunControl | None = None) -> Iterator[RowBatch]:
-        """The row batches of one window: its refused records first, then its planned batches."""
+    def run_window(self, window: Sequence[Pending], spec: GenerationSpec, control: RunControl | None = None,
+                   rouge: RougeSettings | None = None) -> Iterator[RowBatch]:
+        """The row batches of one window: its refused records first, then its planned batches (references
+        scored with `rouge`'s scorer, None: the summarizer's)."""
         control = control or RunControl()
         tick = time.perf_counter()
         window = self._encoded([screened(p) for p in window])
@@ -306,7 +327,7 @@ class SummarizerExecutor:
         outcomes = self.summarizer.iter_batches(
             [p.record.text for p in pending], [p.record.reference for p in pending],
             encoded=[e for _, e in runnable], generation=spec, isolate=True, device=self._device(control),
-            cancelled=lambda: everything if control.cancelled else (),
+            cancelled=lambda: everything if control.cancelled else (), scorer=None if rouge is None else rouge.scorer(),
         )
         try:
             for outcome in outcomes:

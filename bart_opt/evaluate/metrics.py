@@ -22,8 +22,12 @@ import torch
 
 from bart_opt.baselines import BASELINES, check_baselines
 from bart_opt.data import Record
+from bart_opt.evaluate.record import signature
 from bart_opt.evaluate.rows import baseline_row
 from bart_opt.rouge import MEASURES, RougeScorer
+from bart_opt.rouge_text import coverage
+
+MOSTLY_DROPPED = 0.5  # a text of which the tokenizer keeps less than this share of letters and digits is flagged
 
 
 class ModelInfo(Protocol):
@@ -61,12 +65,49 @@ class PackedScores(Sequence):
         return {t: {m: next(values) for m in MEASURES} for t in self._types}
 
 
+class Coverage:
+    """What the tokenizer kept of the scored texts: letters and digits in all, kept, and the texts of
+    which it dropped most (`MOSTLY_DROPPED`), predictions and references apart (`bart_opt.rouge_text.coverage`)."""
+
+    def __init__(self, tokenizer: str):
+        self.tokenizer = tokenizer
+        self.texts = {"predictions": 0, "references": 0}
+        self.dropped = {"predictions": 0, "references": 0}
+        self.total = self.kept = 0
+
+    def add(self, prediction: str, reference: str | Sequence[str]) -> None:
+        references = [reference] if isinstance(reference, str) else list(reference)
+        for kind, texts in (("predictions", [prediction]), ("references", references)):
+            for text in texts:
+                kept, total = coverage(self.tokenizer, text)
+                self.texts[kind] += 1
+                self.total += total
+                self.kept += kept
+                self.dropped[kind] += total > 0 and kept < MOSTLY_DROPPED * total
+
+    def to_dict(self) -> dict:
+        return {"tokenizer": self.tokenizer, "letters_and_digits": self.total, "kept": self.kept,
+                "mostly_dropped": {kind: {"texts": self.dropped[kind], "of": self.texts[kind]} for kind in self.texts}}
+
+    def warnings(self) -> list[str]:
+        """One warning when the tokenizer dropped most of some text's characters, with the counts; else none."""
+        if not any(self.dropped.values()):
+            return []
+        counts = " and ".join(f"{self.dropped[kind]} of {self.texts[kind]} {kind}" for kind in self.texts
+                              if self.dropped[kind])
+        return [f"ROUGE's {self.tokenizer} tokenizer dropped most of the letters and digits of {counts} (it kept "
+                f"{self.kept:,} of {self.total:,}): those texts score near 0 whatever they say; score them with "
+                "--rouge-tokenizer unicode or script (and --rouge-lang)"]
+
+
 class RowTotals:
     """Counters and packed ROUGE over prediction rows added in record order (model or baseline rows)."""
 
     def __init__(self, scorer: RougeScorer):
         self.scorer = scorer
         self.scores = PackedScores(scorer.rouge_types)
+        self.coverage = Coverage(scorer.settings.tokenizer)
+        self.refs: tuple[int, int] | None = None  # fewest and most references of a scored row
         self.n = self.errors = self.padding_computed = self.padding_avoided = 0
         self.tokens_in = self.tokens_out = self.truncated = self.peak = 0
         self.runtime = 0.0
@@ -83,6 +124,10 @@ class RowTotals:
         self.truncated += bool(row.get("truncated"))
         if row["rouge"] is not None:
             self.scores.append(row["rouge"])
+            reference = row["reference"]
+            count = 1 if isinstance(reference, str) else len(reference)
+            self.refs = (count, count) if self.refs is None else (min(self.refs[0], count), max(self.refs[1], count))
+            self.coverage.add(row["prediction"], reference)
 
     def added(self, rows: Iterable[Mapping[str, Any]]) -> RowTotals:
         """These totals with every row of `rows` added."""
@@ -90,23 +135,38 @@ class RowTotals:
             self.add(row)
         return self
 
-    def _common(self, name: str) -> dict:
+    @property
+    def nrefs(self) -> str:
+        """References per scored example, as the signature shows them: ``1``, ``4`` or ``1-4``."""
+        if self.refs is None:
+            return "0"
+        low, high = self.refs
+        return str(low) if low == high else f"{low}-{high}"
+
+    def _common(self, name: str, record: Mapping[str, Any]) -> dict:
         return {
             "model": name,
+            "signature": signature(record, self.nrefs),
             "n_obs": self.n,
             "n_errors": self.errors,
             "n_scored": len(self.scores),
             "runtime_s": self.runtime,
             "seconds_per_sample": self.runtime / self.n if self.n else 0.0,
             "rouge": self.scorer.aggregate(self.scores) if len(self.scores) else None,
+            "rouge_settings": self.scorer.settings.to_dict(),
+            "rouge_coverage": self.coverage.to_dict(),
+            "warnings": self.coverage.warnings(),
         }
 
-    def model_metrics(self, model: ModelInfo, generation: Mapping[str, Any]) -> dict:
-        """``model``, ``n_obs``, ``n_errors``, ``n_scored``, ``runtime_s``, ``seconds_per_sample``,
-        ``rouge`` (bootstrap intervals, None when nothing was scored), ``memory``, ``padding``,
-        ``tokens`` and ``generation``."""
+    def model_metrics(self, model: ModelInfo, generation: Mapping[str, Any],
+                      record: Mapping[str, Any] | None = None) -> dict:
+        """``model``, ``signature`` (of `record`, the run's `bart_opt.evaluate.record.run_record`, with the
+        references counted here), ``n_obs``, ``n_errors``, ``n_scored``, ``runtime_s``, ``seconds_per_sample``,
+        ``rouge`` (mean and bootstrap interval, None when nothing was scored), ``rouge_settings``,
+        ``rouge_coverage``, ``warnings``, ``memory``, ``padding``, ``tokens`` and ``generation``."""
+        record = record or {"system": "bart", "model": model.name}
         return {
-            **self._common(model.name),
+            **self._common(model.name, {**record, "rouge_settings": self.scorer.settings.to_dict()}),
             "memory": {"device": str(model.device), "peak_bytes": self.peak, "peak_source": peak_source(model)},
             "padding": {"computed": self.padding_computed, "avoided": self.padding_avoided},
             "tokens": {"input": self.tokens_in, "output": self.tokens_out, "truncated_inputs": self.truncated},
@@ -115,24 +175,35 @@ class RowTotals:
 
     def baseline_metrics(self, name: str) -> dict:
         """The model's metrics without its model-only parts, and ``"baseline": True``."""
-        common = self._common(name)
+        common = self._common(name, {"system": "baseline", "model": name,
+                                     "rouge_settings": self.scorer.settings.to_dict()})
         return {"model": name, "baseline": True, **{key: common[key] for key in list(common)[1:]}}
 
+    def external_metrics(self, record: Mapping[str, Any]) -> dict:
+        """The metrics of another system's predictions (``bart-opt score``): the baseline's shape, ``"system":
+        "external"`` and the file's fingerprint in the signature (`record`)."""
+        common = self._common(record["model"], {**record, "rouge_settings": self.scorer.settings.to_dict()})
+        return {**common, "system": "external"}
 
-def metrics_from_rows(rows: Iterable[Mapping[str, Any]], *, model: ModelInfo, generation: Mapping[str, Any]) -> dict:
-    """The metrics of prediction rows given in record order, read once (see `RowTotals.model_metrics`)."""
-    return RowTotals(model.scorer).added(rows).model_metrics(model, generation)
+
+def metrics_from_rows(rows: Iterable[Mapping[str, Any]], *, model: ModelInfo, generation: Mapping[str, Any],
+                      scorer: RougeScorer | None = None, record: Mapping[str, Any] | None = None) -> dict:
+    """The metrics of prediction rows given in record order, read once (see `RowTotals.model_metrics`),
+    aggregated with `scorer` (default: the model's)."""
+    return RowTotals(scorer or model.scorer).added(rows).model_metrics(model, generation, record)
 
 
 def compute_metrics(rows: Mapping[str, dict], records: Sequence[Record], *, model: ModelInfo,
-                    generation: Mapping[str, Any]) -> dict:
+                    generation: Mapping[str, Any], scorer: RougeScorer | None = None,
+                    run: Mapping[str, Any] | None = None) -> dict:
     """Metrics over `records` from their prediction rows (`rows` maps id -> row), in record order;
     a repeated id counts once. Raises ValueError if a record has no row."""
     missing = [record.id for record in records if record.id not in rows]
     if missing:
         raise ValueError(f"{len(missing)} records have no prediction (first: {missing[0]!r})")
     ids = dict.fromkeys(record.id for record in records)
-    return metrics_from_rows((rows[record_id] for record_id in ids), model=model, generation=generation)
+    return metrics_from_rows((rows[record_id] for record_id in ids), model=model, generation=generation,
+                             scorer=scorer, record=run)
 
 
 def baseline_rows(name: str, records: Iterable[Record], scorer: RougeScorer) -> Iterator[dict]:
@@ -142,8 +213,8 @@ def baseline_rows(name: str, records: Iterable[Record], scorer: RougeScorer) -> 
     summarize = BASELINES[name]
     for record in records:
         start = time.perf_counter()
-        prediction = summarize(record.text)
-        rouge = scorer.score(prediction, record.reference) if record.reference is not None else None
+        prediction = summarize(record.text, scorer.settings.lang)
+        rouge = scorer.score_any(prediction, record.reference) if record.reference is not None else None
         yield baseline_row(record, prediction, rouge, time.perf_counter() - start)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 from bart_opt.data import Record
 from bart_opt.results import Encoded
 
-MODEL, FAILED, REFUSED = "model", "failed", "refused"  # the kinds of `RowBatch`
+MODEL, FAILED, REFUSED, SCORED = "model", "failed", "refused", "scored"  # the kinds of `RowBatch`
 
 
 def prediction_row(record: Record, summary: str, item: Mapping[str, Any], batch_peak_bytes: int,
@@ -62,8 +62,9 @@ def baseline_row(record: Record, prediction: str, rouge: dict | None, seconds: f
 class RowBatch:
     """Prediction rows stored together, and where they come from.
 
-    kind: `MODEL` (the rows of one model call), `FAILED` (one record the model failed on alone)
-        or `REFUSED` (records refused before the model).
+    kind: `MODEL` (the rows of one model call), `FAILED` (one record the model failed on alone),
+        `REFUSED` (records refused before the model) or `SCORED` (another system's predictions,
+        scored without a model: `bart_opt.evaluate.external.ScoringExecutor`).
     positions: each row's record position in its source.
     peak_bytes / seconds: the memory peak of the planned batch the call was in, and the call's
         device seconds (`MODEL` only).
@@ -90,4 +91,4 @@ class RowBatch:
         return replace(self, rows=[self.rows[k] for k in keep], positions=[self.positions[k] for k in keep])
 
 
-__all__ = ["FAILED", "MODEL", "REFUSED", "RowBatch", "baseline_row", "prediction_row", "refused_row"]
+__all__ = ["FAILED", "MODEL", "REFUSED", "SCORED", "RowBatch", "baseline_row", "prediction_row", "refused_row"]

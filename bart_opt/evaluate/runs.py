@@ -7,10 +7,13 @@ folder as the sink (`RunFolder`) and the model's executor (a `Summarizer` runs i
 
 - ``predictions.jsonl``: one line per record (see `bart_opt.evaluate.rows`), appended and pushed
   to disk per batch; rerunning skips ids already there, and a torn last line is dropped;
-- ``run.json``: the model's identity, its checkpoint's content fingerprint (`bart_opt.fingerprint`),
-  the generation settings and the dataset's fingerprint, all checked on resume (`start_run`: the
-  one place a run folder is matched to a model): a folder refilled with another checkpoint under
-  the same name is refused, never mixed;
+- ``run.json``: the run record (`bart_opt.evaluate.record`: the model, its checkpoint's content
+  fingerprint (`bart_opt.fingerprint`), the engine as resolved, the generation and ROUGE settings,
+  the versions, the processor, the start time and the signature) and the dataset's fingerprint, all
+  checked on resume (`start_run`: the one place a run folder is matched to a run): a folder refilled
+  with another checkpoint under the same name, or resumed with another dtype, mode, quantization,
+  generation or ROUGE setting, is refused naming each field, never mixed; a version or processor
+  that changed is recorded (``history``) and warned of;
 - ``metrics.json``: at the end (`bart_opt.evaluate.metrics`), with the baselines asked for.
 
 A record that fails even alone (out of memory, or the model failing on it) gets a row with an
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -36,15 +40,19 @@ from bart_opt.baselines import check_baselines
 from bart_opt.data import Record
 from bart_opt.evaluate.core import Executor, ListSource, SummarizerExecutor, evaluate_records
 from bart_opt.evaluate.metrics import RowTotals, baseline_rows, compute_metrics, score_baselines
+from bart_opt.evaluate.record import check_resume, run_record
 from bart_opt.evaluate.rows import RowBatch
-from bart_opt.rouge import RougeScorer
+from bart_opt.evaluate.stored import (
+    METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, RunFile, check_out, check_run_folder, open_run_file, parse_rows, read_json_file,
+    write_run_file,
+)
+from bart_opt.rouge import RougeScorer, RougeSettings
 from bart_opt.runlock import RunLock
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
 
-PREDICTIONS_FILE = "predictions.jsonl"
-METRICS_FILE = "metrics.json"
-RUN_FILE = "run.json"
+
+logger = logging.getLogger("bart_opt.evaluate")
 
 
 def dataset_fingerprint(records: Iterable[Record], *, prefix: int | None = None) -> tuple[str, int, str | None]:
@@ -72,7 +80,9 @@ class JsonlPredictionStore:
 
     Only newline-terminated lines count: `load` drops a torn last line (a run killed
     mid-write) by truncating the file to the last complete line, so appends stay valid.
-    A broken line elsewhere is an error naming its line number.
+    Every other line is checked (`bart_opt.evaluate.stored.PredictionRow`, ids unique): a broken
+    one is a `bart_opt.evaluate.stored.StoredFileError` naming its line and field. The file is
+    never opened through a symbolic link.
     """
 
     def __init__(self, path: str | Path):
@@ -80,24 +90,19 @@ class JsonlPredictionStore:
 
     def load(self) -> dict[str, dict]:
         """Rows already written, by id; repairs a torn last line."""
-        if not self.path.exists():
+        if not self.path.exists() and not self.path.is_symlink():
             return {}
-        data = self.path.read_bytes()
-        complete = data.rfind(b"\n") + 1
-        if complete < len(data):
-            with self.path.open("r+b") as f:
+        with open_run_file(self.path, os.O_RDWR) as f:
+            data = f.read()
+            complete = data.rfind(b"\n") + 1
+            if complete < len(data):
                 f.truncate(complete)
-        rows: dict[str, dict] = {}
-        for number, line in enumerate(data[:complete].splitlines(), start=1):
-            if line.strip():
-                row = parse_row(line, self.path, number)
-                rows[str(row["id"])] = row
-        return rows
+        return {row["id"]: row for _, row in parse_rows(data[:complete], self.path)}
 
     def append(self, rows: Sequence[dict]) -> None:
         """Append rows and push them to disk before returning."""
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write("".join(_line(row) for row in rows))
+        with open_run_file(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT) as f:
+            f.write("".join(json_line(row) for row in rows).encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())
 
@@ -119,18 +124,7 @@ class RunFolder:
         self.on_write(batch.rows)
 
 
-def parse_row(line: str | bytes, path: str | Path, number: int) -> dict:
-    """The prediction row on line `number` of `path`; ValueError naming them when it is not one."""
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: line {number} is not valid JSON ({error.msg})") from None
-    if not isinstance(row, dict) or "id" not in row:
-        raise ValueError(f"{path}: line {number} is not a prediction row (no 'id')")
-    return row
-
-
-def _line(row: Mapping[str, Any]) -> str:
+def json_line(row: Mapping[str, Any]) -> str:
     """`row` as one JSON line: UTF-8 as is, or escaped where a value is not valid text (a lone
     surrogate in an id, which JSON can carry but UTF-8 cannot)."""
     line = json.dumps(row, ensure_ascii=False)
@@ -152,6 +146,7 @@ def run_evaluation(
     source: str | None = None,
     overwrite: bool = False,
     baselines: Sequence[str] = (),
+    rouge: RougeSettings | None = None,
 ) -> dict:
     """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
 
@@ -162,27 +157,35 @@ def run_evaluation(
     resumable directory). `source` names the dataset in run.json and in messages. `overwrite`
     deletes an earlier run in `out_dir` and starts over. `baselines` (e.g. ``["lead-3"]``, see
     `bart_opt.baselines`) are scored on the same records with the same scorer and reported under
-    ``metrics["baselines"][name]``. Raises `InvalidRequest` for bad generation options and
+    ``metrics["baselines"][name]``. `rouge` are the ROUGE settings (default: the model's scorer's),
+    recorded in run.json and metrics.json with the signature. Raises `InvalidRequest` for bad generation options and
     `UnknownBaselineError` for an unknown baseline (both before anything is written),
     `bart_opt.evaluate.core.FailureStreak` when the model fails on record after record, and
     ValueError when `out_dir` holds a run made with another model, another checkpoint (by content),
-    other generation settings or another dataset (ids, texts and references are fingerprinted), or
+    another engine (`bart_opt.evaluate.record.ResumeRefused`, naming each field), other generation or
+    ROUGE settings or another dataset (ids, texts and references are fingerprinted), or
     predictions without a run.json; `bart_opt.runlock.RunFolderBusy` (a ValueError) when another run
     holds the folder.
     """
     baselines = check_baselines(baselines)
     executor = SummarizerExecutor(model) if isinstance(model, Summarizer) else model
     spec = executor.generation_spec(generation_kwargs)
+    rouge = rouge or executor.model.scorer.settings
     out = Path(out_dir)
+    check_out(out)
     with RunLock(out):
-        run = {**executor.identity(), "fingerprint": executor.fingerprint, "generation": spec.to_dict()}
-        start_run(out, run, records, source, overwrite=overwrite)
-        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines)
+        run = run_record(system="bart", model=executor.identity()["model"], fingerprint=executor.fingerprint,
+                         generation=spec.to_dict(), engine=executor.engine_record(), rouge=rouge,
+                         processor_info=executor.processor())
+        notes = start_run(out, run, records, source, overwrite=overwrite)
+        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines, run, notes)
 
 
 def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spec: GenerationSpec, progress: bool,
-                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str]) -> dict:
-    """`run_evaluation`'s work once the folder is locked and matched to the run."""
+                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str], run: dict,
+                   notes: list[str]) -> dict:
+    """`run_evaluation`'s work once the folder is locked and matched to the run (`run`, the record)."""
+    rouge = RougeSettings.from_dict(run["rouge_settings"])
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
@@ -195,25 +198,29 @@ def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spe
         folder = RunFolder(out, written)
         done = len({record.id for record in records} & folder.done)
         bar.update(done)
-        report = evaluate_records(ListSource(records), folder, executor, spec)
-    metrics = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict())
+        report = evaluate_records(ListSource(records), folder, executor, spec, rouge=rouge)
+    metrics = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict(),
+                              scorer=rouge.scorer(), run=run)
+    metrics["warnings"] = notes + metrics["warnings"]
     metrics["wall_s_last_run"] = time.perf_counter() - start
     # Inside this process's model calls; the rest of the wall time is tokenizing, decoding, ROUGE and I/O.
     metrics["model_s_last_run"] = report.model_seconds if executor.in_process else None
     metrics["resumed_from"] = done
     if baselines:
-        metrics["baselines"] = score_baselines(baselines, records, executor.model.scorer)
-    (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        metrics["baselines"] = score_baselines(baselines, records, rouge.scorer())
+    write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
     return metrics
 
 
 def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str | Path,
                             scorer: RougeScorer | None = None, *, source: str | None = None,
                             overwrite: bool = False) -> dict:
-    """Evaluate baseline `name` into `out_dir` as `run_evaluation` does a model.
+    """Evaluate baseline `name` into `out_dir` as `run_evaluation` does a model, scored with `scorer`
+    (default: `RougeScorer()`; its settings are recorded).
 
-    Writes run.json (model `name`, no generation settings, ``"baseline": true`` and the dataset's
-    fingerprint, checked against an earlier run there as for a model), predictions.jsonl
+    Writes run.json (model `name`, no generation settings, ``"system": "baseline"``, ``"baseline": true``,
+    the ROUGE settings and the dataset's fingerprint, checked against an earlier run there as for a
+    model), predictions.jsonl
     (rewritten whole: a baseline takes milliseconds, so there is nothing to resume) and
     metrics.json; returns the metrics. `source` and `overwrite` are run_evaluation's. Raises
     ValueError when `out_dir` holds another run (another model, baseline or dataset).
@@ -221,56 +228,57 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
     (name,) = check_baselines([name])
     scorer = scorer or RougeScorer()
     out = Path(out_dir)
+    check_out(out)
     with RunLock(out):
-        start_run(out, {"model": name, "generation": None, "baseline": True}, records, source, overwrite=overwrite)
+        run = run_record(system="baseline", model=name, rouge=scorer.settings, baseline=True)
+        notes = start_run(out, run, records, source, overwrite=overwrite)
         start = time.perf_counter()
         rows = list(baseline_rows(name, records, scorer))
-        (out / PREDICTIONS_FILE).write_text("".join(_line(row) for row in rows), encoding="utf-8")
+        write_run_file(out / PREDICTIONS_FILE, "".join(json_line(row) for row in rows))
         metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
+        metrics["warnings"] = notes + metrics["warnings"]
         metrics["wall_s_last_run"] = time.perf_counter() - start
         metrics["resumed_from"] = 0
-        (out / METRICS_FILE).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
         return metrics
 
 
-def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> None:
-    """Make `out` ready for `run` (its ``model`` and ``generation``) on `records`, before anything is written.
+def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> list[str]:
+    """Make `out` ready for `run` (a `bart_opt.evaluate.record.run_record`) on `records`, before anything is written.
 
     `overwrite` first deletes an earlier run's files there; otherwise an earlier run must match
     (see `_check_run_file`), and predictions without a run.json are refused. Records the run, with
-    its dataset's fingerprint, in run.json. The caller holds the folder's `RunLock`.
+    its dataset's fingerprint, in run.json, and returns the warnings of resuming it (versions or
+    processor that changed: also logged). The caller holds the folder's `RunLock`.
     """
+    check_run_folder(out, overwrite=overwrite, rows=False)  # the rows are checked as `RunFolder` loads them
     if overwrite:
         for name in (RUN_FILE, PREDICTIONS_FILE, METRICS_FILE):
             (out / name).unlink(missing_ok=True)
-    predictions = out / PREDICTIONS_FILE
-    if not (out / RUN_FILE).exists() and predictions.exists() and predictions.stat().st_size > 0:
-        raise ValueError(f"{out} holds {PREDICTIONS_FILE} but no {RUN_FILE}, so nothing says which model, checkpoint "
-                         "or dataset made those predictions and they are not resumed; use another output directory, "
-                         "or --overwrite to start over")
-    _check_run_file(out / RUN_FILE, run, records, source)
+    notes = _check_run_file(out / RUN_FILE, run, records, source)
+    for note in notes:
+        logger.warning("%s", note)
+    return notes
 
 
-def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> None:
-    """Check the run's model, settings and dataset against an earlier run's in `path`, then record them.
+def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: str | None) -> list[str]:
+    """Check the run's record and dataset against an earlier run's in `path`, then record them; the
+    warnings of resuming it.
 
     The dataset may grow (the earlier run's records must be its start: a rerun with a larger
-    ``--limit``); anything else that differs is refused before anything is written.
+    ``--limit``); the versions, the processor and the batch budgets may change (warned, and the
+    earlier run's kept under ``history``); anything else that differs is refused before anything is
+    written (`bart_opt.evaluate.record.check_resume`).
     """
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    earlier = read_json_file(path, RunFile) if path.exists() else None
     where = path.parent
     before = earlier.get("dataset") if earlier is not None else None
     fingerprint, count, prefix = dataset_fingerprint(records, prefix=before.get("records") if before else None)
     dataset = {"source": source, "records": count, "fingerprint": fingerprint}
     current = {**json.loads(json.dumps(run)), "dataset": dataset}
+    notes: list[str] = []
     if earlier is not None:
-        settings = {key: current[key] for key in ("model", "generation")}
-        earlier_settings = {key: earlier.get(key) for key in settings}
-        if earlier_settings != settings:
-            raise ValueError(
-                f"{where} holds a run with other settings ({json.dumps(earlier_settings)}), not "
-                f"{json.dumps(settings)}; use another output directory, or --overwrite to start over"
-            )
+        changed = check_resume(str(where), earlier, current)
         _check_checkpoint(where, earlier, current)
         if before is None:
             raise ValueError(f"{where} holds a run that does not record its dataset, so resuming it could mix two "
@@ -282,8 +290,13 @@ def _check_run_file(path: Path, run: dict, records: Sequence[Record], source: st
                 f"{shorter}; rerun with that dataset to resume, use another output directory, or --overwrite to "
                 "start over"
             )
+        notes = [f"{where} was started otherwise ({'; '.join(changed)}); resumed, and the earlier run's record "
+                 f"kept in {RUN_FILE} under history"] if changed else []
+        earlier_start = {key: earlier.get(key) for key in ("started_at", "versions", "processor", "engine")}
+        current["history"] = [*earlier.get("history", []), earlier_start]
     where.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(current, indent=2) + "\n", encoding="utf-8")
+    write_run_file(path, json.dumps(current, indent=2) + "\n")
+    return notes
 
 
 def _check_checkpoint(where: Path, earlier: Mapping[str, Any], current: Mapping[str, Any]) -> None:

@@ -42,8 +42,8 @@ def view(status: str = "succeeded", total: int = 8, generation: dict | None = No
 
 def info(generation: dict) -> dict:
     """What the comparison shows with a job made by `view`."""
-    return {"model": "demo", "dataset": {"file": "a.jsonl"}, "generation": generation, "rouge": None,
-            "created_at": "2026-01-01T00:00:00.000+00:00"}
+    return {"system": "bart", "model": "demo", "dataset": {"file": "a.jsonl"}, "generation": generation, "rouge": None,
+            "rouge_settings": None, "signature": None, "warnings": [], "created_at": "2026-01-01T00:00:00.000+00:00"}
 
 
 @pytest.fixture

@@ -79,17 +79,19 @@ def test_run_baseline_evaluation_writes_a_run_folder_and_refuses_another_run(tmp
     assert [row["rouge"] for row in rows] == [row["rouge"] for row in baseline_rows("lead-3", RECORDS, scorer)]
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
     fingerprint, count, _ = dataset_fingerprint(RECORDS)
-    assert json.loads((tmp_path / RUN_FILE).read_text()) == {
-        "model": "lead-3", "generation": None, "baseline": True,
+    run = json.loads((tmp_path / RUN_FILE).read_text())
+    assert {key: run[key] for key in ("system", "model", "generation", "baseline", "engine", "dataset")} == {
+        "system": "baseline", "model": "lead-3", "generation": None, "baseline": True, "engine": None,
         "dataset": {"source": "by-hand", "records": count, "fingerprint": fingerprint},
     }
+    assert run["rouge_settings"]["bootstrap_samples"] == 200 and "system:baseline|model:lead-3" in run["signature"]
     again = run_baseline_evaluation("lead-3", RECORDS, tmp_path, scorer)
     assert again["rouge"] == metrics["rouge"]
     assert len((tmp_path / "predictions.jsonl").read_text().splitlines()) == 3
     other = tmp_path / "model-run"
     other.mkdir()
     (other / RUN_FILE).write_text(json.dumps({"model": "some-checkpoint", "generation": {}}))
-    with pytest.raises(ValueError, match="holds a run with other settings"):
+    with pytest.raises(ValueError, match="holds a run made with other settings"):
         run_baseline_evaluation("lead-3", RECORDS, other, scorer)
     # Another dataset in the same folder is refused, as for a model, unless asked to start over.
     with pytest.raises(ValueError, match="holds a run on another dataset"):

@@ -149,12 +149,12 @@ def test_evaluate_refuses_to_resume_on_another_dataset_until_overwrite(demo_chec
         (["summarize", "{missing}"], "no such file"),
         (["summarize", "{bad_json}"], "line 2: not valid JSON"),
         (["summarize", "{data}"], "no 'text' field (found: article, id)"),
-        (["summarize", "{data}", "--text-field", "article", "--early-stopping", "never", "--num-beams", "0"],
+        (["summarize", "{data}", "--text-column", "article", "--early-stopping", "never", "--num-beams", "0"],
          "--num-beams: must be >= 1, got 0"),
-        (["summarize", "{data}", "--text-field", "article", "--max-length", "3"],
+        (["summarize", "{data}", "--text-column", "article", "--max-length", "3"],
          "--max-length: min_length 8 is above max_length 3"),
-        (["summarize", "{data}", "--text-field", "article", "--dtype", "int8"], "dtype 'int8' is not supported"),
-        (["summarize", "{data}", "--text-field", "article", "--device", "cuda:0"]
+        (["summarize", "{data}", "--text-column", "article", "--dtype", "int8"], "dtype 'int8' is not supported"),
+        (["summarize", "{data}", "--text-column", "article", "--device", "cuda:0"]
          if not torch.cuda.is_available() else ["summarize", "{missing}"],
          "CUDA is not available" if not torch.cuda.is_available() else "no such file"),
     ],
@@ -319,6 +319,19 @@ def test_summarize_with_lead_3(tmp_path, capsys):
     path.write_text(json.dumps({"id": "x", "text": "One. Two. Three. Four."}) + "\n")
     assert main(["summarize", "--model", "lead-3", str(path)]) == 0
     assert json.loads(capsys.readouterr().out) == {"id": "x", "summary": "One.\nTwo.\nThree."}
+
+
+def test_text_column_is_one_spelling_and_the_old_text_field_is_warned(tmp_path, capsys):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"id": "x", "article": "One. Two. Three. Four."}) + "\n")
+    assert main(["summarize", "--model", "lead-3", "--text-column", "article", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["summarize", "--model", "lead-3", "--text-field", "article", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["summary"] == "One.\nTwo.\nThree."
+    assert captured.err == "bart-opt: warning: --text-field is now --text-column; the old spelling still works\n"
+    assert main(["summarize", "--model", "lead-3", str(path)]) == 2
+    assert "no 'text' field (found: article, id); pick one with --text-column" in capsys.readouterr().err
 
 
 def test_quantize_flag_loads_the_int8_model_on_summarize_and_evaluate(demo_checkpoint, tmp_path, capsys):

@@ -23,6 +23,7 @@ import torch
 
 from bart_opt import InvalidRequest
 from bart_opt.cli import main
+from bart_opt.evaluate.record import resume_differences
 from bart_opt.data import Record, load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions, run_evaluation
@@ -206,7 +207,10 @@ def test_cli_ray_run_equals_the_single_process_run(ray_cluster, demo_checkpoint,
         assert on_ray[key] == single[key], key
     assert on_ray["memory"]["device"] == "cpu" and on_ray["memory"]["peak_bytes"] > 0
     run_files = [json.loads((tmp_path / name / "run.json").read_text()) for name in ("one", "ray")]
-    assert run_files[0] == run_files[1]  # same model, settings and dataset fingerprint: either resumes the other
+    same = ("model", "fingerprint", "generation", "engine", "rouge_settings", "dataset")
+    assert [{key: run[key] for key in same} for run in run_files[1:]] == [{key: run_files[0][key] for key in same}]
+    assert resume_differences(*run_files)[0] == [] and resume_differences(*run_files[::-1])[0] == []  # either resumes
+    assert run_files[1]["processor"] == {"ray": "cpu"}  # each node's own; the driver's is the single run's
 
 
 def test_a_replica_killed_mid_run_is_replaced_and_every_example_is_written_once(ray_cluster, demo_checkpoint,
@@ -222,8 +226,8 @@ def test_a_replica_killed_mid_run_is_replaced_and_every_example_is_written_once(
         def __getattr__(self, name):
             return getattr(pool, name)
 
-        def run(self, source, spec, control):
-            for batch in pool.run(source, spec, control):
+        def run(self, source, spec, control, rouge=None):
+            for batch in pool.run(source, spec, control, rouge):
                 replicas.append(int(batch.replica.rsplit(":", 1)[1]))
                 if not killed:
                     os.kill(replicas[0], signal.SIGKILL)

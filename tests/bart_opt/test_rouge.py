@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import random
+
 import nltk
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rouge_score import rouge_scorer, scoring
 
+from bart_opt.demo import random_sentence
 from bart_opt.rouge import RougeScorer, UnicodeWordTokenizer, fast_rouge, split_sentences
 
 PAIRS = [
@@ -273,3 +277,31 @@ def test_rust_backend_is_the_default_where_installed():
     assert RougeScorer().backend == "rouge-score-rs"
     with pytest.raises(ValueError, match="backend 'rouge'"):
         RougeScorer(backend="rouge")
+
+
+def test_several_references_score_as_rouge_score_score_multi():
+    rng = random.Random(36)
+    sentences = [random_sentence(rng) for _ in range(200)]
+    corpus = [(" ".join(rng.sample(sentences, 3)), ["\n".join(rng.sample(sentences, 2)) for _ in range(rng.randint(1, 4))])
+              for _ in range(80)]
+    ours = RougeScorer()
+    theirs = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    lsum = rouge_scorer.RougeScorer(["rougeLsum"], use_stemmer=True)
+    for prediction, references in corpus:
+        expected = theirs.score_multi(references, prediction)
+        expected.update(lsum.score_multi(["\n".join(split_sentences(r)) for r in references],
+                                         "\n".join(split_sentences(prediction))))
+        got = ours.score_multi(prediction, references)
+        assert got == {t: {m: 100.0 * getattr(s, m) for m in ("precision", "recall", "fmeasure")}
+                       for t, s in expected.items()}
+    assert sum(len(r) > 1 for _, r in corpus) > 40  # most have several references
+    assert ours.score_multi(corpus[0][0], corpus[0][1][:1]) == ours.score(corpus[0][0], corpus[0][1][0])
+
+
+def test_the_point_estimate_is_the_exact_mean_in_any_order():
+    items = _items(50, seed=4)
+    scorer = RougeScorer()
+    aggregate = scorer.aggregate(items)
+    assert aggregate["rouge2"]["mid"]["fmeasure"] == math.fsum(i["rouge2"]["fmeasure"] for i in items) / len(items)
+    assert scorer.aggregate(items[::-1])["rouge2"]["mid"] == aggregate["rouge2"]["mid"]
+    assert RougeScorer(seed=5, bootstrap_samples=10).aggregate(items)["rouge2"]["mid"] == aggregate["rouge2"]["mid"]

@@ -233,11 +233,11 @@ def test_an_unexpected_error_reading_the_queue_is_retried_and_the_runner_lives_o
         store = client.app.state.jobs.store
         real, raised = store.claim_next, []
 
-        def flaky(owner, lease_s):
+        def flaky(owner, lease_s, engine_key=None):
             if len(raised) < 2:
                 raised.append(owner)
                 raise RuntimeError("a bug in reading the queue")
-            return real(owner, lease_s)
+            return real(owner, lease_s, engine_key)
 
         store.claim_next = flaky
         view = wait_for_job(client, submit_file(client, "two.jsonl"))
@@ -251,10 +251,10 @@ def test_ready_reads_degraded_while_the_runner_cannot_read_its_queue_and_ready_o
         real, broken = store.claim_next, threading.Event()
         broken.set()
 
-        def failing(owner, lease_s):
+        def failing(owner, lease_s, engine_key=None):
             if broken.is_set():
                 raise RuntimeError("/secret/path: a bug in reading the queue")
-            return real(owner, lease_s)
+            return real(owner, lease_s, engine_key)
 
         store.claim_next = failing
         deadline = time.monotonic() + 30

@@ -42,8 +42,8 @@ def test_compare_answers_the_library_comparison_of_the_jobs_rows(make_jobs_app, 
         missing = client.get("/compare")
     assert response.status_code == 200, response.text
     result = response.json()
-    info = {view["id"]: {key: view[key] for key in ("model", "dataset", "generation", "rouge", "created_at")}
-            for view in (one, two)}  # fmt: skip
+    keys = ("system", "model", "dataset", "generation", "rouge", "rouge_settings", "signature", "warnings", "created_at")
+    info = {view["id"]: {key: view[key] for key in keys} for view in (one, two)}
     expected = compare_runs([Run(job_id, rows[job_id], info[job_id]) for job_id in (one["id"], two["id"])],
                             seed=5, metric="rouge1")  # fmt: skip
     assert result == json.loads(json.dumps(expected))  # the same numbers: JSON carries floats exactly

@@ -30,6 +30,9 @@ def test_health_and_ready_once_loaded(client, make_app, tmp_path):
         "status": "ready", "model": Path(settings.model).name, "device": "cpu", "dtype": "float32",
         "dtype_reason": hardware.choose_dtype("auto", "cpu").reason,  # says this processor's ISA and why
         "fingerprint": str(Bart.from_pretrained(settings.model).fingerprint),
+        "engine": {"dtype": "float32", "mode": "default", "static": False, "el_attention": False, "quantize": None,
+                   "device": "cpu", "max_batch_tokens": settings.max_batch_tokens,
+                   "max_batch_size": settings.max_batch_size},
         "warnings": [{"code": "data_dir_missing", "message": "the data directory BART_OPT_DATA_DIR (./data) does not "
                       "exist or is not a folder: evaluation jobs on files are refused until it is created"}],
     }  # fmt: skip

@@ -71,8 +71,8 @@ class Twice:
     def __getattr__(self, name):
         return getattr(self.executor, name)
 
-    def run(self, source, spec, control):
-        for batch in self.executor.run(source, spec, control):
+    def run(self, source, spec, control, rouge=None):
+        for batch in self.executor.run(source, spec, control, rouge):
             yield batch
             yield RowBatch([dict(row) for row in batch.rows], list(batch.positions), batch.kind)
 

@@ -21,6 +21,7 @@ from bart_opt.evaluate import (
     metrics_from_rows,
     run_evaluation,
 )
+from bart_opt.evaluate.rows import refused_row
 from bart_opt.summarizer import Summarizer
 
 GEN = {"max_length": 14, "min_length": 3}
@@ -171,7 +172,7 @@ def test_metrics_from_rows_streams_in_record_order(full_run, summarizer, records
     out, metrics = full_run
     by_id = {row["id"]: row for row in read_lines(out / "predictions.jsonl")}
     streamed = metrics_from_rows((by_id[r.id] for r in records), model=summarizer,
-                                 generation=metrics["generation"])
+                                 generation=metrics["generation"], record=json.loads((out / "run.json").read_text()))
     assert streamed == {k: v for k, v in metrics.items() if k not in ("wall_s_last_run", "model_s_last_run", "resumed_from")}
 
 
@@ -196,9 +197,14 @@ def test_compute_metrics_needs_every_record(summarizer, records):
         compute_metrics({}, records, model=summarizer, generation={})
 
 
+def valid(example_id: str) -> str:
+    """A stored row of a record refused before the model, as one JSON line."""
+    return json.dumps(refused_row(Record(example_id, "text"), "too long"))
+
+
 def test_store_reports_a_broken_line_with_its_number(tmp_path):
     path = tmp_path / "predictions.jsonl"
-    path.write_text('{"id": "a"}\nnot json\n{"id": "b"}\n')
+    path.write_text(f'{valid("a")}\nnot json\n{valid("b")}\n')
     with pytest.raises(ValueError, match="line 2"):
         JsonlPredictionStore(path).load()
 
@@ -220,7 +226,8 @@ def test_jsonl_csv_and_parquet_inputs_give_the_same_records(rows, records, tmp_p
 
 def test_an_id_that_is_not_valid_text_is_stored_escaped_and_read_back(tmp_path):
     store = JsonlPredictionStore(tmp_path / "predictions.jsonl")
-    rows = [{"id": "bad\ud800id", "prediction": "x\udfff", "error": None}, {"id": "plain", "prediction": "é"}]
+    rows = [{**json.loads(valid("bad")), "id": "bad\ud800id", "prediction": "x\udfff"},
+            {**json.loads(valid("plain")), "prediction": "é"}]
     store.append(rows)
     assert store.load() == {row["id"]: row for row in rows}
     assert (tmp_path / "predictions.jsonl").read_text(encoding="utf-8").count("\n") == 2
@@ -228,10 +235,10 @@ def test_an_id_that_is_not_valid_text_is_stored_escaped_and_read_back(tmp_path):
 
 def test_a_huge_torn_line_is_dropped_and_a_line_that_is_no_row_is_named(tmp_path):
     path = tmp_path / "predictions.jsonl"
-    path.write_text('{"id": "a"}\n{"id": "b", "prediction": "' + "x" * 5_000_000)  # killed mid-write
-    assert list(JsonlPredictionStore(path).load()) == ["a"] and path.read_text() == '{"id": "a"}\n'
+    path.write_text(valid("a") + '\n{"id": "b", "prediction": "' + "x" * 5_000_000)  # killed mid-write
+    assert list(JsonlPredictionStore(path).load()) == ["a"] and path.read_text() == valid("a") + "\n"
     for line in ("[1, 2]", '"just a string"', '{"prediction": "no id"}'):
-        path.write_text('{"id": "a"}\n' + line + "\n")
+        path.write_text(valid("a") + "\n" + line + "\n")
         with pytest.raises(ValueError, match="line 2 is not a prediction row"):
             JsonlPredictionStore(path).load()
 

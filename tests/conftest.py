@@ -35,6 +35,11 @@ pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in th
 WORKERS = 2
 # Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
 RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "tests/bart_opt/test_distributed.py"}
+# Test files that share the published fidelity batch (tests/bart_opt/conftest.py, `published_batch`): one worker
+# computes transformers' outputs for it once per dtype instead of once per file.
+AGREEMENT_FILES = {"tests/bart_opt/test_fidelity.py", "tests/bart_opt/test_el_attention.py",
+                   "tests/bart_opt/test_el_static.py", "tests/bart_opt/test_static_generation.py",
+                   "tests/bart_opt/bench/test_near_ties.py"}
 # The long end-to-end runs, marked `long`: the README's test command leaves them out (pyproject's addopts,
 # ``-m "not long"``) to stay within 8 minutes on 2 cores, and `.ci/run` runs them after it
 # (``python3 -m pytest -q -m long``). Whole files (the image; Ray started and killed; several service processes
@@ -74,10 +79,13 @@ def pytest_configure_node(node) -> None:
 def xdist_group(nodeid: str) -> str:
     """The pytest-xdist group of a test (``--dist loadgroup`` runs a group on one worker): its file, so module
     fixtures are built once; every Ray test together, so the session starts one Ray instance; all of
-    tests/docker together, so the session builds the image once."""
+    tests/docker together, so the session builds the image once; the agreement tests together, so the
+    published batch's reference outputs are computed once."""
     path = nodeid.split("::", 1)[0]
     if path in RAY_FILES:
         return "ray"
+    if path in AGREEMENT_FILES:
+        return "agreement"
     if path.startswith("tests/docker/"):
         return "docker"
     return path

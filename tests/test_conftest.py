@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.conftest import LONG_FILES, LONG_TESTS, RAY_FILES, is_long, xdist_group
+from tests.conftest import AGREEMENT_FILES, LONG_FILES, LONG_TESTS, RAY_FILES, is_long, xdist_group
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,3 +30,7 @@ def test_the_long_runs_name_files_and_tests_that_exist():
         assert f"def {name}(" in (REPO / path).read_text(), nodeid
     assert is_long("tests/docker/test_image.py::test_x", ()) and is_long("tests/app/test_engine.py::t", ["ray_cluster"])
     assert not is_long("tests/app/test_engine.py::t", ["engine"]) and not is_long("tests/bart_opt/test_model.py::t", ())
+
+
+def test_the_agreement_files_exist_and_form_one_group():
+    assert {path.relative_to(REPO).as_posix() for path in group_files("agreement")} == AGREEMENT_FILES

@@ -22,7 +22,8 @@ import torch
 
 from bart_opt.errors import InvalidRequest
 from bart_opt.inputs import check_inputs
-from bart_opt.processors import process_scores
+from bart_opt.buffers import from_host
+from bart_opt.processors import device_ids, process_scores
 from bart_opt.spec import GenerationSpec
 
 Cancelled = Callable[[], Collection[int]]
@@ -68,15 +69,21 @@ def _cancelled_rows(cancelled: Cancelled | None, items: torch.Tensor) -> torch.T
     rows = cancelled() if cancelled is not None else ()
     if not rows:
         return None
-    return torch.isin(items, torch.tensor(sorted(rows), dtype=items.dtype, device=items.device))
+    return torch.isin(items, from_host(sorted(rows), items.dtype, items.device))
 
 
 def _stop_hits(tokens: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.Tensor:
     """Whether appending `tokens` at position `cur_len` ends a sequence (max length or EOS)."""
     hits = torch.full_like(tokens, cur_len + 1 >= s.max_length, dtype=torch.bool)
     if s.eos_token_id is not None:
-        hits |= torch.isin(tokens, torch.tensor(s.eos_token_id, device=tokens.device))
+        hits |= torch.isin(tokens, device_ids(s.eos_token_id, tokens.device))
     return hits
+
+
+def _unsettled_first(settled: torch.Tensor, left: int) -> torch.Tensor:
+    """(left,) the indices of the `left` False entries of `settled` (A,) bool, in order: what
+    `(~settled).nonzero()` gives, with the count the host already read instead of a read of its own."""
+    return torch.argsort(settled.to(torch.uint8), stable=True)[:left]
 
 
 def _greedy(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
@@ -100,12 +107,15 @@ def _greedy(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | 
         model.log_mem("greedy step %d", cur_len - 1)
         dropped = _cancelled_rows(cancelled, active)
         if dropped is not None:
-            out[active[dropped & ~ended], 1:] = fill
+            rows = out.index_select(0, active)  # (A, L)
+            rows[:, 1:].masked_fill_((dropped & ~ended)[:, None], fill)  # cut before they finished
+            out.index_copy_(0, active, rows)
             ended |= dropped
-        if bool(ended.all()):
+        left = int((~ended).sum())  # the step's one read of the device
+        if left == 0:
             return out[:, :cur_len]
-        if not model.exact and bool(ended.any()):
-            keep = (~ended).nonzero().flatten()  # (A',)
+        if not model.exact and left < ended.shape[0]:
+            keep = _unsettled_first(ended, left)  # (A',)
             active, seqs, ended = active[keep], seqs[keep], ended[keep]
             cross.keep(keep)
             cache.keep(keep)
@@ -260,8 +270,8 @@ def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancell
         log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: a * nb])
         log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], log_probs, s)
         parents = beam_step(st, log_probs, length, s)
-        rows = (torch.arange(a, device=device)[:, None] * nb + parents).flatten()  # (A*nb,)
-        cache.reorder(rows)
+        own = torch.arange(a * nb, device=device)  # (A*nb,)
+        rows = (own.view(a, nb)[:, :1] + parents).flatten()  # (A*nb,) each new beam's parent row
         length.advance()
         cur_len = length.value
         update_improvable(st, length)
@@ -270,17 +280,21 @@ def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancell
         if cur_len >= s.max_length:
             done[:] = True
         newly = done & ~settled
-        if bool(newly.any()):
-            results[st.items[newly]] = st.finished[newly, 0]
-            result_lengths[st.items[newly]] = st.finished_lengths[newly, 0]
+        # The inputs that settled now take their best hypothesis, written on the device (no mask index).
+        results.index_copy_(0, st.items, torch.where(newly[:, None], st.finished[:, 0], results.index_select(0, st.items)))
+        result_lengths.index_copy_(0, st.items, torch.where(newly, st.finished_lengths[:, 0],
+                                                            result_lengths.index_select(0, st.items)))
         settled |= done
         dropped = _cancelled_rows(cancelled, st.items)
         if dropped is not None:
             settled |= dropped  # their `results` rows keep the start token and padding they began with
-        if bool(settled.all()):
+        # The step's one read of the device: how many cache rows moved, how many inputs are left.
+        moved, left = torch.stack(((rows != own).sum(), (~settled).sum())).tolist()
+        cache.reorder(rows, moved=moved)
+        if left == 0:
             return results[:, : 1 + int(result_lengths.max())]
-        if not model.exact and bool(settled.any()):  # exact mode keeps them running, as transformers does
-            keep = (~settled).nonzero().flatten()  # (A',)
+        if not model.exact and left < a:  # exact mode keeps them running, as transformers does
+            keep = _unsettled_first(settled, left)  # (A',)
             st.select(keep)
             settled = settled[keep]
             cross.keep(keep)

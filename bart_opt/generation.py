@@ -247,55 +247,74 @@ def frozen(st: BeamState, s: GenerationSpec) -> torch.Tensor:
     return ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
 
 
-def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
-    nb = s.num_beams
-    device = model.device
-    st = init_beams(batch, nb, s, device)
-    results = st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
-    result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
-    settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
-    cache = model.new_cache(batch * nb, s.max_length - 1)
-    # Every step's (A*nb, V) float32 scores land in buffers made once: a fresh 9.6 MB tensor per
-    # step (at the CNN settings) costs more in page faults than writing it (see `Bart.decode_step`).
-    vocab = model.config.vocab_size
-    log_probs_buffer = torch.empty(batch * nb, vocab, dtype=torch.float32, device=device)  # (B*nb, V)
-    logits_buffer = None if model.dtype == torch.float32 else torch.empty_like(log_probs_buffer)  # (B*nb, V)
-    length = HostLength(s)
-    while True:
-        cur_len = length.value
+class BeamRun:
+    """The default beam search over one call: its state, and a step that runs on the device up to the
+    step's one read (which the loop, `_beam_search`, makes). `bart_opt.bench.step_bytes` runs one step
+    of it at real shapes on the `meta` device."""
+
+    def __init__(self, model, batch: int, s: GenerationSpec):
+        self.model, self.s = model, s
+        nb, device = s.num_beams, model.device
+        self.st = init_beams(batch, nb, s, device)
+        self.results = self.st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
+        self.result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
+        self.cache = model.new_cache(batch * nb, s.max_length - 1)
+        # Every step's (A*nb, V) float32 scores land in buffers made once: a fresh 9.6 MB tensor per
+        # step (at the CNN settings) costs more in page faults than writing it (see `Bart.decode_step`).
+        vocab = model.config.vocab_size
+        self.log_probs = torch.empty(batch * nb, vocab, dtype=torch.float32, device=device)  # (B*nb, V)
+        self.logits = None if model.dtype == torch.float32 else torch.empty_like(self.log_probs)  # (B*nb, V)
+        self.length = HostLength(s)
+
+    def step(self, cross, cancelled: Cancelled | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder step and its bookkeeping, with no read of the device: (rows, own), each new beam's
+        parent row and its own row (A*nb,) each; the cache is reordered by the caller (`reorder`)."""
+        model, s, st, length = self.model, self.s, self.st, self.length
+        nb, cur_len = s.num_beams, length.value
         a = st.running.shape[0]
         tokens = st.running[:, :, cur_len - 1].reshape(a * nb, 1)  # (A*nb, 1)
-        into = None if logits_buffer is None else logits_buffer[: a * nb]
-        logits = model.decode_step(tokens, cross, cache, out=into)  # (A*nb, V)
-        log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: a * nb])
+        into = None if self.logits is None else self.logits[: a * nb]
+        logits = model.decode_step(tokens, cross, self.cache, out=into)  # (A*nb, V)
+        log_probs = torch.log_softmax(logits, dim=-1, out=self.log_probs[: a * nb])
         log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], log_probs, s)
         parents = beam_step(st, log_probs, length, s)
-        own = torch.arange(a * nb, device=device)  # (A*nb,)
+        own = torch.arange(a * nb, device=model.device)  # (A*nb,)
         rows = (own.view(a, nb)[:, :1] + parents).flatten()  # (A*nb,) each new beam's parent row
         length.advance()
-        cur_len = length.value
         update_improvable(st, length)
-        model.log_mem("beam step %d", cur_len - 1)
+        model.log_mem("beam step %d", length.value - 1)
         done = frozen(st, s)
-        if cur_len >= s.max_length:
+        if length.value >= s.max_length:
             done[:] = True
-        newly = done & ~settled
+        newly = done & ~self.settled
         # The inputs that settled now take their best hypothesis, written on the device (no mask index).
-        results.index_copy_(0, st.items, torch.where(newly[:, None], st.finished[:, 0], results.index_select(0, st.items)))
-        result_lengths.index_copy_(0, st.items, torch.where(newly, st.finished_lengths[:, 0],
-                                                            result_lengths.index_select(0, st.items)))
-        settled |= done
-        dropped = _cancelled_rows(cancelled, st.items)
+        items, results, lengths = st.items, self.results, self.result_lengths
+        results.index_copy_(0, items, torch.where(newly[:, None], st.finished[:, 0], results.index_select(0, items)))
+        lengths.index_copy_(0, items, torch.where(newly, st.finished_lengths[:, 0], lengths.index_select(0, items)))
+        self.settled |= done
+        dropped = _cancelled_rows(cancelled, items)
         if dropped is not None:
-            settled |= dropped  # their `results` rows keep the start token and padding they began with
+            self.settled |= dropped  # their `results` rows keep the start token and padding they began with
+        return rows, own
+
+    def keep(self, inputs: torch.Tensor, cross) -> None:
+        """Shrink to the working inputs `inputs` (A',)."""
+        nb = self.s.num_beams
+        self.st.select(inputs)
+        self.settled = self.settled[inputs]
+        cross.keep(inputs)
+        self.cache.keep((inputs[:, None] * nb + torch.arange(nb, device=inputs.device)).flatten())
+
+
+def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
+    run = BeamRun(model, batch, s)
+    while True:
+        rows, own = run.step(cross, cancelled)
         # The step's one read of the device: how many cache rows moved, how many inputs are left.
-        moved, left = torch.stack(((rows != own).sum(), (~settled).sum())).tolist()
-        cache.reorder(rows, moved=moved)
+        moved, left = torch.stack(((rows != own).sum(), (~run.settled).sum())).tolist()
+        run.cache.reorder(rows, moved=moved)
         if left == 0:
-            return results[:, : 1 + int(result_lengths.max())]
-        if not model.exact and left < a:  # exact mode keeps them running, as transformers does
-            keep = _unsettled_first(settled, left)  # (A',)
-            st.select(keep)
-            settled = settled[keep]
-            cross.keep(keep)
-            cache.keep((keep[:, None] * nb + torch.arange(nb, device=device)).flatten())
+            return run.results[:, : 1 + int(run.result_lengths.max())]
+        if not model.exact and left < run.settled.shape[0]:  # exact mode keeps them running, as transformers does
+            run.keep(_unsettled_first(run.settled, left), cross)  # (A',)

@@ -104,11 +104,19 @@ class DeviceProcessors:
         self.eos = None if spec.eos_token_id is None else b.place(
             "procs.eos", device_ids(spec.eos_token_id, device))  # (E,)
         self.min_length = spec.eos_token_id is not None and spec.min_length > 0
-        self.forced = {}  # cur_len at which a row is forced -> (V,) 0 at the forced ids, -inf elsewhere
+        forced = {}  # cur_len at which a row is forced -> the ids forced
         for at, ids in ((1, spec.forced_bos_token_id), (spec.max_length - 1, spec.forced_eos_token_id)):
             if ids is not None:  # a later entry overrides an earlier one at the same length, as in `process_scores`
-                row = force_token(torch.empty(1, vocab, dtype=torch.float32, device=device), ids)[0]  # (V,)
-                self.forced[at] = b.place(f"procs.forced.{at}", row)
+                forced[at] = ids
+        self.forced = bool(forced)
+        if forced:
+            # Row k + 1 of the table: 0 at the ids forced at length ats[k], -inf elsewhere; row 0 unused.
+            table = torch.zeros(len(forced) + 1, vocab, dtype=torch.float32, device=device)  # (F+1, V)
+            for k, ids in enumerate(forced.values()):
+                force_token(table[k + 1 : k + 2], ids)
+            self.table = b.place("procs.forced", table)
+            self.ats = b.place("procs.forced_at", from_host(list(forced), torch.long, device))  # (F,)
+            self.order = b.place("procs.forced_order", torch.arange(1, len(forced) + 1, device=device))  # (F,)
 
     def __call__(self, seqs: torch.Tensor, cur_len: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Processed scores (N, V) for next tokens after `seqs` (N, L) at length `cur_len` (1,);
@@ -119,6 +127,7 @@ class DeviceProcessors:
         if self.min_length:
             short = cur_len < s.min_length  # (1,)
             scores.index_copy_(1, self.eos, scores.index_select(1, self.eos).masked_fill_(short, -torch.inf))
-        for at, row in self.forced.items():
-            scores = torch.where(cur_len == at, row, scores)  # (N, V)
+        if self.forced:  # one pass over the scores, whichever row (if any) this length forces
+            pick = torch.where(self.ats == cur_len, self.order, 0).amax(0, keepdim=True)  # (1,) 0: none
+            scores = torch.where(pick[:, None] > 0, self.table.index_select(0, pick), scores)  # (N, V)
         return scores

@@ -1,4 +1,7 @@
-"""The decoder's preallocated self-attention cache."""
+"""The decoder's preallocated self-attention caches: `KVCache` (the default search's: rows moved on a beam
+step, or read through a table by bart_opt's CPU kernel in the fast mode) and `StaticKVCache` (the static
+search's: fixed shapes, a beam's history read through a table inside attention, as far as it is filled);
+and the 16-aligned attention masks of the batched layouts (`aligned_bias`)."""
 
 from __future__ import annotations
 

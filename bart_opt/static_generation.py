@@ -1,31 +1,37 @@
 """Greedy and beam search at fixed shapes, with no host syncs between checks (`Bart.static`).
 
-The default search (`bart_opt.generation`) reads the device after every decoder step: whether an
-input finished, which cache rows a beam step moved, which n-grams to ban. On a GPU each read
-stalls the host until the GPU is idle, and every step's few hundred kernels are launched one by
-one. The static search keeps everything a step decides on the device, so that steps can be queued
-without waiting, and on CUDA each step is one CUDA graph replay (`bart_opt.graphs`):
+The default search (`bart_opt.generation`) reads the device once a decoder step (how many cache rows
+a beam step moved, how many inputs are left). On a GPU each read stalls the host until the GPU is
+idle, and every step's few hundred kernels are launched one by one. The static search keeps
+everything a step decides on the device, so that steps can be queued without waiting, and on CUDA
+each step is one replay of a CUDA graph the model keeps for its life (`bart_opt.graphs`):
 
 * rows are bucketed: an input that finished stays in the working batch, masked (its result is
   recorded on the device when it settles), until the unsettled inputs fit a smaller bucket (a power
-  of two); then the batch is compacted, at a check, where the host reads the device anyway;
+  of two); then the batch is compacted, at a check, where the host reads the device anyway. With
+  CUDA graphs a call's inputs are first padded to a shared bucket (`start_bucket`, `source_bucket`:
+  padding rows and positions are masked and their outputs dropped) and copied into the model's
+  persistent buffers (`bart_opt.buffers`), so that later calls replay the same graphs;
 * the current length lives on the device (`DeviceLength`), and with it the positions, the
   min-length and forced-token conditions (`bart_opt.processors.DeviceProcessors`) and the
-  length-penalty divisors (a table made once per call);
-* the self-attention cache has a fixed length and a history table instead of moved rows
-  (`bart_opt.cache.StaticKVCache`); cross-attention is one call for the batch with an additive
-  mask made once (`bart_opt.cross_attention.StaticCrossAttention`; with EL-attention one call over
-  the single copy of the encoder output, `bart_opt.el_attention.BatchedELCrossAttention`);
+  length-penalty divisors (a table made once per call); the host keeps its own count of the steps
+  it queued, which sets how far a step reads the self-attention cache (`length_span`);
+* the self-attention cache reads a beam's history through a table inside attention, as far as it
+  is filled rounded up to `bart_opt.cache.LENGTH_BUCKET` (`bart_opt.cache.StaticKVCache`): a beam
+  step copies nothing; cross-attention is one call for the batch with an additive mask made once
+  (`bart_opt.cross_attention.StaticCrossAttention`; with EL-attention one call over the single copy
+  of the encoder output, `bart_opt.el_attention.BatchedELCrossAttention`);
 * the n-gram ban is a dense scatter (`bart_opt.processors.ban_repeated_ngrams_dense`);
 * whether every input is done is read every `CHECK_EVERY` steps, once EOS is allowed.
 
 The beam bookkeeping is the default's own (`bart_opt.generation.beam_step`, run on a
 `DeviceLength`), so the scores are the same expressions. Its layout is the default's off the CPU
 (one attention call for the batch, padded keys masked) on every device. What differs from the
-default in the arithmetic: self-attention attends over the whole fixed-length cache with the
-unwritten positions masked (the kernel rounds differently in the last bits from one over the
-written positions only), and finished inputs stay in the matrix products until the next bucket.
-Its ids are the default's up to near-ties resolved differently (docs/gpu.md publishes how often).
+default in the arithmetic: self-attention attends over the positions of all of an input's beams
+(masked to each beam's own history) and over up to 31 unwritten positions (masked), where the
+default attends over the written positions of the row only (the kernel rounds differently in the
+last bits), and finished inputs stay in the matrix products until the next bucket. Its ids are the
+default's up to near-ties resolved differently (docs/gpu.md publishes how often).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from bart_opt.buffers import Buffers, FreshBuffers, from_host
 from bart_opt.cache import LENGTH_BUCKET, STATIC_ALIGN, StaticKVCache, round_up
 from bart_opt.generation import BeamState, Cancelled, beam_step, frozen, init_beams, prepare, update_improvable
 from bart_opt.graphs import StepGraphs, step_graphs
+from bart_opt.memory import format_bytes
 from bart_opt.processors import DeviceProcessors, device_ids
 from bart_opt.spec import GenerationSpec
 
@@ -391,10 +398,11 @@ def generate_static(model, input_ids, attention_mask=None, spec: GenerationSpec 
 
 
 def _graph_summary(graphs: StepGraphs) -> str:
+    """The memory log's row after a call with graphs: this call's captures, and what the model holds."""
     stats, call = graphs.stats(), graphs.last_call
     return (f"{call.get('captures', 0)} captured this call ({call.get('capture_s', 0.0):.2f} s, "
-            f"{len(call.get('keys', []))} shapes), {stats['graphs']} held, pool {stats['pool_bytes']} B, "
-            f"buffers {stats['buffers_bytes']} B")
+            f"{len(call.get('keys', []))} shapes), {stats['graphs']} held, pool {format_bytes(stats['pool_bytes'])}, "
+            f"buffers {format_bytes(stats['buffers_bytes'])}")
 
 
 def _search(model, ids: torch.Tensor, mask: torch.Tensor | None, spec: GenerationSpec, cancelled: Cancelled | None,

@@ -1,12 +1,14 @@
-"""Non-view ATen ops per decoder step and host syncs per generate: the static search against the default.
+"""Non-view ATen ops and bytes moved per decoder step, and host syncs per generate: the static search against the default.
 
 Counted on a CPU with a `TorchDispatchMode` (`DispatchCounter`): every ATen op a generate call
 dispatches, views left out (they launch nothing on a GPU). Ops run inside `Bart.decode_step`
 are the decoder step; the others from the first step on are the search's bookkeeping. A host
 sync is an op that makes the host read the device: `item` and `_local_scalar_dense` (`int()`, `bool()`,
-`.item()`), `nonzero`, `is_nonzero`, `equal`, `masked_select`, `unique*`, and `.tolist()` (which a
-CPU tensor answers without an op, so the counter wraps it). On a CPU nothing waits; on a GPU
-each of them drains the GPU's queue.
+`.item()`), `nonzero`, `is_nonzero`, `equal`, `masked_select`, `unique*`, and `.tolist()`; and the
+hidden ones a CPU run does not show (`HIDDEN_SYNCS`): indexing with a mask (a `nonzero` inside) or a
+Python list, tensors made from Python values, CPU tensors in an op on another device. On a CPU
+nothing waits; on a GPU each of them drains the GPU's queue or blocks the host on a copy. With
+`count_bytes` the counter also sums the bytes each op reads and writes (`op_bytes`).
 
 Three ways of generating the same batch:
 
@@ -71,11 +73,12 @@ _PARTIAL_WRITES = frozenset({"index_copy_", "index_add_", "index_fill_", "index_
 _WRITE_ONLY_SELF = frozenset({"copy_", "fill_", "zero_", "normal_", "uniform_", "random_"})
 
 
-def _tensors(value) -> list[torch.Tensor]:
+def tensors_of(value) -> list[torch.Tensor]:
+    """The tensors in `value`: a tensor, or lists and tuples of them (nested), in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_of(v)]
     return []
 
 
@@ -85,10 +88,10 @@ def is_alias(func, args, out) -> bool:
     a new tensor when they must convert or copy; then they count."""
     if not func.is_view:
         return False
-    inputs = {t.untyped_storage().data_ptr() for t in _tensors(list(args)) if t.device.type != "meta"}
-    outputs = _tensors(out)
+    inputs = {t.untyped_storage().data_ptr() for t in tensors_of(list(args)) if t.device.type != "meta"}
+    outputs = tensors_of(out)
     if any(t.device.type == "meta" for t in outputs):  # no storage to compare: shapes tell
-        return all(t.dtype == a.dtype for t in outputs for a in _tensors(list(args))[:1])
+        return all(t.dtype == a.dtype for t in outputs for a in tensors_of(list(args))[:1])
     return bool(outputs) and all(t.untyped_storage().data_ptr() in inputs for t in outputs)
 
 
@@ -145,8 +148,8 @@ def op_bytes(func, args, kwargs, out) -> int:
     for key, value in bound.items():
         if key in write_only or _GATHERS.get(name) == key:
             continue
-        total += sum(tensor_bytes(t) for t in _tensors(value))
-    outputs = _tensors(out)
+        total += sum(tensor_bytes(t) for t in tensors_of(value))
+    outputs = tensors_of(out)
     if name in _PARTIAL_WRITES:
         return total + _touched(name, bound)
     written = sum(tensor_bytes(t) for t in outputs)
@@ -203,9 +206,9 @@ class DispatchCounter(TorchDispatchMode):
         return out
 
     def _hidden(self, name: str, args, kwargs) -> None:
-        tensors = _tensors(list(args) + list(kwargs.values()))
+        tensors = tensors_of(list(args) + list(kwargs.values()))
         if name in _INDEXING and len(args) > 1 and any(
-                t.dtype in (torch.bool, torch.uint8) for t in _tensors(args[1])):
+                t.dtype in (torch.bool, torch.uint8) for t in tensors_of(args[1])):
             self.sync("mask_index")
         devices = {t.device.type for t in tensors}
         if len(devices) > 1 and "cpu" in devices and any(t.device.type == "cpu" and t.dim() > 0 for t in tensors):
@@ -229,7 +232,7 @@ class DispatchCounter(TorchDispatchMode):
         finally:
             self._fused -= 1
         if self.count_bytes:
-            self.bytes[self.phase] += sum(tensor_bytes(t) for t in _tensors([*args, *kwargs.values(), out]))
+            self.bytes[self.phase] += sum(tensor_bytes(t) for t in tensors_of([*args, *kwargs.values(), out]))
         return out
 
     def total(self, phase: str) -> int:

@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bart_opt import Bart, graphs
-from bart_opt.bench.dispatch import _tensors, is_alias
+from bart_opt.bench.dispatch import tensors_of, is_alias
 from bart_opt.buffers import StaticBuffers
 from bart_opt.cache import LENGTH_BUCKET
 from bart_opt.static_generation import length_span, source_bucket, start_bucket
@@ -46,7 +46,7 @@ class RecordedGraph:
         self.replays += 1
         for func, args, kwargs, out in self.ops:
             fresh = func(*args, **kwargs)
-            for recorded, got in zip(_tensors(out), _tensors(fresh)):
+            for recorded, got in zip(tensors_of(out), tensors_of(fresh)):
                 if got is not recorded:  # a new tensor: the kernel writes where the capture's output was
                     recorded.copy_(got)
 

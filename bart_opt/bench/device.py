@@ -222,7 +222,8 @@ def line(row: dict) -> str:
         return f"{task} {row['gate']}: {'passed' if row['passed'] else 'GATE FAILED'} " + json.dumps(
             {k: v for k, v in row.items() if k not in ("task", "gate", "passed")})
     if "docs_per_s" in row:
-        extra = "".join(f", {key} {row[key]}" for key in ("steps", "captures", "buckets", "length_buckets") if key in row)
+        extra = "".join(f", {key} {row[key]}" for key in ("steps", "first_call_captures", "captures", "buckets",
+                                                          "length_buckets") if key in row)
         same = f", {row['same_as_transformers']}/{row['inputs']} = transformers" if "same_as_transformers" in row else ""
         return (f"{task} at {row['inputs']}: {row['docs_per_s']:.1f} docs/s ({row['seconds']:.3f} s, first call "
                 f"{row['first_call_s']:.3f} s), peak {row['peak_bytes'] / 2**20:.0f} MiB{same}{extra}")
@@ -261,11 +262,12 @@ def format_report(report: dict) -> str:
     speed = [r for r in rows if "docs_per_s" in r]
     if speed:
         lines += ["| inputs | engine | docs/s | seconds | first call s | peak above weights | = transformers "
-                  "| steps | captures (s) | row / length buckets |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| steps | captures: first call (s) / timed call | row / length buckets |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in speed:
             engine = r["engine"] + (" (largest)" if r.get("largest") else "")
             same = f"{r['same_as_transformers']}/{r['inputs']}" if "same_as_transformers" in r else "-"
-            caps = f"{r['captures']} ({r['capture_s']:.2f})" if "captures" in r else "-"
+            caps = (f"{r['first_call_captures']} ({r['first_call_capture_s']:.2f}) / {r['captures']}"
+                    if "captures" in r else "-")
             buckets = f"{r['buckets']} / {r['length_buckets']}" if "buckets" in r else "-"
             lines.append(f"| {r['inputs']} | {engine} | {r['docs_per_s']:.1f} | {r['seconds']:.3f} | "
                          f"{r['first_call_s']:.3f} | {r['peak_bytes'] / 2**20:.0f} MiB | {same} | {r.get('steps', '-')} "
@@ -341,6 +343,12 @@ def main(argv: list[str] | None = None) -> int:
         faults = _faults(args.fault)
     except argparse.ArgumentTypeError as error:
         p.error(str(error))
+    if args.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():  # only asks the driver how many devices there are
+            print("bart_opt.bench.device: --device cuda given but no CUDA device is available", file=sys.stderr)
+            return 2
     deadline = time.monotonic() + args.budget_s
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -225,6 +225,7 @@ def measure_engine(spec: dict, model, engine: str, inputs: int, repeats: int, re
     fn = _call(model, mode, batch, plan["settings"])
     steps = _Steps(model) if mode is not None else None
     out, first_s, log = memory_run(fn, device)
+    first = _call_stats(model, steps) if steps is not None else {}
     seconds = first_s
     for _ in range(repeats):
         if steps is not None:
@@ -234,8 +235,9 @@ def measure_engine(spec: dict, model, engine: str, inputs: int, repeats: int, re
     row = {"engine": engine, "inputs": inputs, "seconds": seconds, "first_call_s": first_s,
            "docs_per_s": inputs / seconds, "peak_bytes": log.report()["peak_bytes"],
            "output_tokens": sum(len(r) - 1 for r in rows), "outputs": rows}
-    if steps is not None:
-        row.update(_call_stats(model, steps))
+    if steps is not None:  # the timed call's figures; the first call's captures beside them
+        row.update(_call_stats(model, steps), **{f"first_call_{k}": first[k] for k in ("captures", "capture_s")
+                                                 if k in first})
         del model.decode_step
     if reference is not None:
         row["same_as_transformers"] = sum(a == b for a, b in zip(rows, reference))

@@ -130,3 +130,7 @@ def test_the_parts_and_the_cuda_tests_named():
     assert all(Path(f).is_file() for f in device.CUDA_TEST_FILES)
     with pytest.raises(SystemExit):
         device.main(["--out", "/tmp/x", "--fault", "speed:bart_opt=explode"])
+    import torch
+
+    if not torch.cuda.is_available():
+        assert device.main(["--out", "/tmp/x"]) == 2  # no CUDA here: said so, nothing run

@@ -89,7 +89,8 @@ class Metrics:
         )
         self._graphs: Callable[[], dict | None] = lambda: None
         for figure in GRAPH_FIGURES:
-            self.static_graphs.labels(figure=figure).set_function(lambda figure=figure: (self._graphs() or {}).get(figure, 0))
+            gauge = self.static_graphs.labels(figure=figure)
+            gauge.set_function(lambda figure=figure: (self._graphs() or {}).get(figure, 0))
         self._peak = 0
         self._lock = threading.Lock()
         self._recent: deque[dict] = deque(maxlen=recent_logs)

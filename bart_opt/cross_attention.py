@@ -294,7 +294,8 @@ class StaticCrossAttention(BatchedCrossAttention):
         """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
         b = self.buffers
         for i, (k, v) in enumerate(self.kv):
-            self.kv[i] = (b.place(f"cross.k.{i}", k.index_select(0, rows)), b.place(f"cross.v.{i}", v.index_select(0, rows)))
+            self.kv[i] = (b.place(f"cross.k.{i}", k.index_select(0, rows)),
+                          b.place(f"cross.v.{i}", v.index_select(0, rows)))
         if self.pad_mask is not None:
             self.pad_mask = self.pad_mask.index_select(0, rows)
         if self.bias is not None:

@@ -262,7 +262,8 @@ def format_report(report: dict) -> str:
     speed = [r for r in rows if "docs_per_s" in r]
     if speed:
         lines += ["| inputs | engine | docs/s | seconds | first call s | peak above weights | = transformers "
-                  "| steps | captures: first call (s) / timed call | row / length buckets |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| steps | captures: first call (s) / timed call | row / length buckets |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in speed:
             engine = r["engine"] + (" (largest)" if r.get("largest") else "")
             same = f"{r['same_as_transformers']}/{r['inputs']}" if "same_as_transformers" in r else "-"

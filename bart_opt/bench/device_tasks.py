@@ -5,8 +5,8 @@
 `SPEC_JSON` names the task, the device, the plan, the checkpoint folders, where the task's rows go (one
 JSON object a line, written and flushed as each row ends: a task killed at its timeout keeps the rows it
 finished) and an injected fault, if any (for the check's own tests: "raise" in the task, "crash" of the
-process, "hang", "row-then-hang"; before anything is imported, so that those tests cost no model). An exception ends the task with a
-row holding its full traceback: after a CUDA error a process's later calls fail too, so the next
+process, "hang", "row-then-hang"; before anything is imported, so that those tests cost no model). An
+exception ends the task with a row holding its full traceback: after a CUDA error a process's later calls fail too, so the next
 task starts afresh in a new process.
 
 Run as a file, not as a module: `python -m` would import the package's `bart_opt/__init__` (torch,

@@ -1,4 +1,4 @@
-"""Non-view ATen ops and bytes moved per decoder step, and host syncs per generate: the static search against the default.
+"""Ops and bytes per decoder step, host syncs per generate: the static search against the default.
 
 Counted on a CPU with a `TorchDispatchMode` (`DispatchCounter`): every ATen op a generate call
 dispatches, views left out (they launch nothing on a GPU). Ops run inside `Bart.decode_step`

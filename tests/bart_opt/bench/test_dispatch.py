@@ -85,4 +85,5 @@ def test_the_byte_counter_counts_what_each_op_moves():
     assert counter.bytes["b"] == 32 + 16 + 32
     assert counter.bytes["c"] == 32 + (16 + 32 + 32)  # `ones` writes its 32 B; index_copy_ touches 2 rows only
     assert counter.bytes["d"] == 16 + (16 + 128)  # `zeros` writes 16 B; the product reads them once
-    assert counter.bytes["e"] == 32 + (32 + 128 + 128 + 32) and counter.ops["e"] == {"zeros": 1, "scaled_dot_product_attention": 1}
+    assert counter.bytes["e"] == 32 + (32 + 128 + 128 + 32)
+    assert counter.ops["e"] == {"zeros": 1, "scaled_dot_product_attention": 1}

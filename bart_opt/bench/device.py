@@ -234,6 +234,14 @@ def line(row: dict) -> str:
             f"{p['gpu_busy_fraction']:.0%} of {p['wall_s']:.2f} s")
     if task == "tests":
         return f"tests: rc {row['rc']} in {row['seconds']:.0f} s: {row['summary']}"
+    if task == "env":
+        c, smi = row["ceilings"], row.get("nvidia_smi")
+        clocks = (f", SM {smi.get('clocks.sm')} of {smi.get('clocks.max.sm')}, memory {smi.get('clocks.mem')}"
+                  if isinstance(smi, dict) else "")
+        return (f"env: {row.get('gpu', row['cpu'])}, driver {row.get('driver')}, CUDA {row['cuda']}, cuDNN "
+                f"{row.get('cudnn')}, torch {row['torch']}, transformers {row['transformers']} (tested "
+                f"{row['transformers_tested']}){clocks}; copy {c['copy_tb_per_s']:.3g} TB/s, {c['matmul_dtype']} "
+                f"product {c['matmul_tflop_per_s']:.3g} TFLOP/s")
     return f"{task}: " + json.dumps({k: v for k, v in row.items() if k != "task"})[:400]
 
 

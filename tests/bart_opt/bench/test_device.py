@@ -107,6 +107,7 @@ def test_the_environment_block_and_the_ceilings(tmp_path):
     row = json.loads((tmp_path / "rows.jsonl").read_text())
     assert row["transformers_tested"] == device.TESTED_TRANSFORMERS and row["torch"] and row["cuda"] is None
     assert row["ceilings"]["copy_tb_per_s"] > 0 and row["ceilings"]["matmul_tflop_per_s"] > 0
+    assert f"transformers {row['transformers']} (tested {device.TESTED_TRANSFORMERS})" in device.line(row)
     assert "transformers 5" in device.format_report({"device": "cpu", "budget_s": 1, "plan": spec["plan"],
                                                      "failed": [], "rows": [row]})
 

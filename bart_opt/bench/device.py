@@ -87,7 +87,7 @@ class Plan:
                         matmul_dtype="float16", repeats=1, settings=dict(CNN_SETTINGS), eos_bias=EOS_BIAS,
                         caps={"checkpoints": 120, "env": 60, "gates": 120, "speed": 150, "profiles": 60,
                               "probes": 90, "tests": 150},
-                        tests_reserve_s=75)
+                        tests_reserve_s=90)
         return Plan(size=size, dtype="float32", batches=(1, 2, 3), gate_batch=2, profile_batch=2, probe_cap=4,
                     probe_bytes=2**30, max_len=24, copy_bytes=16 * 2**20, matmul_n=256, matmul_dtype="float32",
                     repeats=1, settings={**CNN_SETTINGS, "min_length": 4, "max_length": 14}, eos_bias=EOS_BIAS,

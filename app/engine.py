@@ -107,6 +107,8 @@ class Engine:
         summarizer.generation_spec()
         self.summarizer = summarizer
         self.metrics.track_device(lambda: resident_bytes(summarizer))
+        # The static search's CUDA graphs (None without: off CUDA, or a summarizer with no such model).
+        self.metrics.track_graphs(lambda: getattr(getattr(summarizer, "model", None), "graph_stats", None))
         return SummarizerRunner(summarizer, self.metrics)
 
     @property

@@ -21,6 +21,7 @@ PREFIX = "bart_opt_"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _BYTES_BUCKETS = tuple(2.0**p for p in range(16, 36, 2))  # 64 KiB .. 16 GiB
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+GRAPH_FIGURES = ("graphs", "captures", "capture_s", "pool_bytes", "buffers_bytes")
 
 
 class Metrics:
@@ -79,6 +80,17 @@ class Metrics:
         )
         self.rss = Gauge(f"{PREFIX}process_rss_bytes", "Resident set size of the server process.", registry=r)
         self.rss.set_function(rss_bytes)
+        self.static_graphs = Gauge(
+            f"{PREFIX}static_graphs",
+            "The static search's CUDA graphs (bart_opt.graphs.StepGraphs): graphs held, captures since the model "
+            "loaded, capture seconds, their memory pool's bytes and the persistent buffers' bytes; 0 without graphs.",
+            ["figure"],
+            registry=r,
+        )
+        self._graphs: Callable[[], dict | None] = lambda: None
+        for figure in GRAPH_FIGURES:
+            gauge = self.static_graphs.labels(figure=figure)
+            gauge.set_function(lambda figure=figure: (self._graphs() or {}).get(figure, 0))
         self._peak = 0
         self._lock = threading.Lock()
         self._recent: deque[dict] = deque(maxlen=recent_logs)
@@ -92,6 +104,15 @@ class Metrics:
         """Read device memory allocated through `allocated` at every scrape."""
         self._allocated = allocated
         self.device_allocated.set_function(allocated)
+
+    def track_graphs(self, stats: Callable[[], dict | None]) -> None:
+        """Read the static search's graph figures (`Bart.graph_stats`, None without graphs) at every scrape."""
+        self._graphs = stats
+
+    def graph_figures(self) -> dict | None:
+        """`GRAPH_FIGURES` of the tracked graphs, or None without graphs."""
+        stats = self._graphs()
+        return None if stats is None else {figure: stats[figure] for figure in GRAPH_FIGURES}
 
     def track_queue(self, kind: str, length: Callable[[], int]) -> None:
         """Read the length of queue `kind` through `length` at every scrape."""
@@ -125,6 +146,7 @@ class Metrics:
                 "allocated_bytes": int(self._allocated()),
                 "peak_bytes": peak,
                 "rss_bytes": rss_bytes(),
+                "static_graphs": self.graph_figures(),
             },
             "requests": {"in_flight": int(self.registry.get_sample_value(f"{PREFIX}requests_in_flight") or 0)},
             "latency": self.latency_percentiles(),

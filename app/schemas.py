@@ -222,15 +222,26 @@ class SummarizeResponse(BaseModel):
     request_id: str
 
 
+class StaticGraphs(BaseModel):
+    """The static search's CUDA graphs on the loaded model (`bart_opt.graphs.StepGraphs`)."""
+
+    graphs: int = Field(description="Graphs held (at most bart_opt.graphs.MAX_GRAPHS).")
+    captures: int = Field(description="Graphs captured since the model loaded.")
+    capture_s: float = Field(description="Seconds spent capturing them.")
+    pool_bytes: int = Field(description="Device memory the captures reserved for the graphs' shared pool.")
+    buffers_bytes: int = Field(description="Device memory of the persistent buffers the graphs read.")
+
+
 class DeviceMemory(BaseModel):
     """Device memory now and at its peak (CUDA allocator; on CPU the weights), the weights' bytes
-    (None before the model is loaded) and the process RSS."""
+    (None before the model is loaded), the process RSS, and the static search's graphs (None without)."""
 
     device: str | None
     allocated_bytes: int
     peak_bytes: int
     rss_bytes: int
     weights_bytes: int | None
+    static_graphs: StaticGraphs | None = None
 
 
 class RequestsNow(BaseModel):

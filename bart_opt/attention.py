@@ -104,7 +104,7 @@ class Attention(nn.Module):
         if self.exact or self.static or not packing_rules.attends_per_input(x.device):
             # Exact: transformers' materialized (B, 1, S, S) mask; else (off the CPU, or static) one call
             # for the batch, whose queries at padding are computed and dropped by `pack`.
-            mask = packing.square_mask() if self.exact else packing.key_masks()
+            mask = packing.square_mask() if self.exact else packing.key_bias(x.dtype)
             q, k, v = (self.split(packing.unpack(t)) for t in (q, k, v))  # (B, H, S, d)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
             return self.out_proj(packing.pack(self.merge(out)))  # (N, D)

@@ -36,6 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from bart_opt import native
+from bart_opt.buffers import Buffers, FreshBuffers
+from bart_opt.cache import aligned_bias
 from bart_opt.packing import Packing, skips_padded_keys
 
 InputKeysValues = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
@@ -139,16 +141,23 @@ class BatchedCrossAttention:
     Build it with `build`. `kv[layer]` holds decoder layer `layer`'s keys and values, (B, H, S, d)
     each (views of the fused key/value product), once per input, padding included; the beams of
     an input are folded into the query axis, as in `SharedCrossAttention`, and padded keys are
-    masked. An input that leaves (`keep`) costs a copy of the others' keys/values, one layer at a
-    time: on a GPU that is a fraction of a millisecond, where per-input calls cost a kernel launch
-    per input, layer and step.
+    masked by an additive mask made once per call (`bias`, (B, 1, 1, S), 0 at real keys and -inf at
+    padding, its rows 16-aligned: `bart_opt.cache.aligned_bias`), not converted from a bool mask, and
+    copied into an aligned one, inside every attention call; the numbers are those the conversion
+    gives, so the result is the same bit for bit. An input that leaves (`keep`) costs a copy of the
+    others' keys/values, one layer at a time: on a GPU that is a fraction of a millisecond, where
+    per-input calls cost a kernel launch per input, layer and step.
     """
 
+    bias: torch.Tensor | None = None
+
     def __init__(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None,
-                 beams: int):
+                 beams: int, dtype: torch.dtype | None = None):
         self.kv = kv
         self.beams = beams
         self.pad_mask = None if attention_mask is None else attention_mask.bool()  # (B, S) True = token
+        if self.pad_mask is not None and dtype is not None:
+            self.bias = aligned_bias(self.pad_mask, dtype)  # (B, 1, 1, S)
 
     @classmethod
     def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
@@ -158,7 +167,7 @@ class BatchedCrossAttention:
             return cls.project(attn, memory, beams)
 
         kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
-        return cls(kv, attention_mask, beams)
+        return cls(kv, attention_mask, beams, memory.dtype)
 
     @staticmethod
     def project(attn, memory: torch.Tensor, beams: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -171,6 +180,8 @@ class BatchedCrossAttention:
             self.kv[i] = (k.index_select(0, rows), v.index_select(0, rows))
         if self.pad_mask is not None:
             self.pad_mask = self.pad_mask.index_select(0, rows)
+        if self.bias is not None:
+            self.bias = aligned_bias(self.pad_mask, self.bias.dtype)
 
     def __call__(self, attn, x: torch.Tensor, layer: int) -> torch.Tensor:
         """Attention module `attn` of decoder layer `layer` applied to queries `x` (B*beams, T, D)."""
@@ -183,8 +194,8 @@ class BatchedCrossAttention:
         return attn.out_proj(out.transpose(1, 2).reshape(n, t, d_model))  # (B*beams, T, D)
 
     def key_mask(self) -> torch.Tensor | None:
-        """(B, 1, 1, S) mask of the real keys (bool here), or None when nothing is padded."""
-        return None if self.pad_mask is None else self.pad_mask[:, None, None, :]
+        """The additive (B, 1, 1, S) mask of the real keys, or None when nothing is padded."""
+        return self.bias
 
 
 class ExactCrossAttention(BatchedCrossAttention):
@@ -200,8 +211,8 @@ class ExactCrossAttention(BatchedCrossAttention):
     """
 
     def __init__(self, kv: Sequence[tuple[torch.Tensor, torch.Tensor]], attention_mask: torch.Tensor | None,
-                 beams: int):
-        super().__init__(kv, attention_mask, beams)
+                 beams: int, dtype: torch.dtype | None = None):
+        super().__init__(kv, attention_mask, beams)  # no additive mask: transformers' bool one, materialized
         self._row_masks: dict[int, torch.Tensor] = {}
         self._per_beam: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -254,33 +265,41 @@ class ExactCrossAttention(BatchedCrossAttention):
 
 class StaticCrossAttention(BatchedCrossAttention):
     """The static search's cross-attention (`Bart.static`, on any device): `BatchedCrossAttention`'s
-    state and single call for the batch, with the padding mask made additive once per call of
-    `generate` (`bias`, (B, 1, 1, S), 0 at real keys and -inf at padding) instead of converted from
-    the bool mask inside every attention call. The numbers are the ones the conversion gives, so
-    the result is the same bit for bit; what goes is one conversion per layer and step.
+    state and single call for the batch, its tensors in the search's buffers (`bart_opt.buffers`): with
+    CUDA graphs, persistent ones the graphs read (each layer's keys and values copied in, contiguous,
+    as its projection is made, so that one layer's fresh product exists at a time beside them).
     """
-
-    bias: torch.Tensor | None = None
 
     @classmethod
     def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
-              lazy: bool = False) -> Self:
-        """As `BatchedCrossAttention.build`, plus the additive mask in `memory`'s dtype."""
-        state = super().build(attns, memory, attention_mask, beams, lazy)
-        if state.pad_mask is not None:
-            bias = torch.zeros(state.pad_mask.shape, dtype=memory.dtype, device=memory.device)  # (B, S)
-            state.bias = bias.masked_fill_(~state.pad_mask, -torch.inf)[:, None, None, :]  # (B, 1, 1, S)
+              lazy: bool = False, buffers: Buffers | None = None) -> Self:
+        """As `BatchedCrossAttention.build`, each layer's keys/values and the mask placed in `buffers`."""
+        b = buffers if buffers is not None else FreshBuffers()
+        if lazy:
+            return super().build(attns, memory, attention_mask, beams, lazy=True)
+        kv = []
+        for i, attn in enumerate(attns):
+            k, v = cls.project(attn, memory, beams)  # (B, H, S, d)
+            kv.append((b.place(f"cross.k.{i}", k), b.place(f"cross.v.{i}", v)))
+            del k, v
+        state = cls(kv, attention_mask, beams, memory.dtype)
+        state.buffers = b
+        if state.bias is not None:
+            state.bias = b.place("cross.bias", state.bias)
         return state
+
+    buffers: Buffers = FreshBuffers()
 
     def keep(self, rows: torch.Tensor) -> None:
         """Shrink to the inputs `rows` (B',), one layer at a time so the copies stay small."""
-        super().keep(rows)
+        b = self.buffers
+        for i, (k, v) in enumerate(self.kv):
+            self.kv[i] = (b.place(f"cross.k.{i}", k.index_select(0, rows)),
+                          b.place(f"cross.v.{i}", v.index_select(0, rows)))
+        if self.pad_mask is not None:
+            self.pad_mask = self.pad_mask.index_select(0, rows)
         if self.bias is not None:
-            self.bias = self.bias.index_select(0, rows)
-
-    def key_mask(self) -> torch.Tensor | None:
-        """The additive (B, 1, 1, S) mask made once, or None when nothing is padded."""
-        return self.bias
+            self.bias = b.place("cross.bias", aligned_bias(self.pad_mask, self.bias.dtype))
 
 
 CrossAttention = SharedCrossAttention | BatchedCrossAttention | ExactCrossAttention | StaticCrossAttention

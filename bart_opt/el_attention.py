@@ -41,6 +41,8 @@ from typing import Self
 import torch
 import torch.nn.functional as F
 
+from bart_opt.buffers import Buffers, FreshBuffers
+from bart_opt.cache import aligned_bias
 from bart_opt.errors import InvalidRequest
 from bart_opt.packing import skips_padded_keys
 
@@ -156,32 +158,40 @@ class BatchedELCrossAttention(ELCrossAttention):
     """EL-attention off the CPU: the whole batch in one call, padded keys masked additively.
 
     Build it with `build`. `memory` is the (B, 1, S, D) encoder output (a view of it, padding
-    included) and `key_bias` the (B, 1, 1, S) additive key mask (0 at tokens, -inf at padding), made
-    whether or not anything is padded, so that a call's work depends on the batch's shape only.
-    An input that leaves (`keep`) costs a copy of the others' encoder states (one tensor, not one
-    per layer).
+    included) and `key_bias` the (B, 1, 1, S) additive key mask (0 at tokens, -inf at padding, rows
+    16-aligned: `bart_opt.cache.aligned_bias`), made whether or not anything is padded, so that a
+    call's work depends on the batch's shape only. An input that leaves (`keep`) costs a copy of the
+    others' encoder states (one tensor, not one per layer). In the static search both live in its
+    buffers (`bart_opt.buffers`): with CUDA graphs, copied into the persistent ones the graphs read.
     """
 
-    def __init__(self, memory: torch.Tensor, key_bias: torch.Tensor, weights: Sequence[HeadWeights], beams: int):
+    def __init__(self, memory: torch.Tensor, key_bias: torch.Tensor, weights: Sequence[HeadWeights], beams: int,
+                 buffers: Buffers | None = None):
         super().__init__(weights, beams)
-        self.memory = memory
-        self.key_bias = key_bias
+        self.buffers = buffers if buffers is not None else FreshBuffers()
+        self.memory = self.buffers.place("el.memory", memory)
+        self.key_bias = self.buffers.place("el.key_bias", key_bias)
 
     @classmethod
     def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None,
-              beams: int = 1) -> Self:
-        """As `SharedELCrossAttention.build`, over the padded batch."""
+              beams: int = 1, buffers: Buffers | None = None) -> Self:
+        """As `SharedELCrossAttention.build`, over the padded batch; the state placed in `buffers`."""
         b, s, _ = memory.shape
-        key_bias = memory.new_zeros(b, 1, 1, s)  # (B, 1, 1, S)
-        if attention_mask is not None:
-            key_bias.masked_fill_(~attention_mask.bool()[:, None, None, :], float("-inf"))
-        return cls(memory[:, None], key_bias, [HeadWeights.of(attn) for attn in attns], beams)
+        keep = torch.ones(b, s, dtype=torch.bool, device=memory.device) if attention_mask is None \
+            else attention_mask.bool()  # (B, S)
+        return cls(memory[:, None], aligned_bias(keep, memory.dtype), [HeadWeights.of(attn) for attn in attns], beams,
+                   buffers)
 
     def keep(self, rows: torch.Tensor) -> None:
         """Shrink to the inputs `rows` (B',)."""
-        self.memory = self.memory.index_select(0, rows)
-        self.key_bias = self.key_bias.index_select(0, rows)
+        self.memory = self.buffers.place("el.memory", self.memory.index_select(0, rows))
+        self.key_bias = self.buffers.place("el.key_bias", _realigned(self.key_bias.index_select(0, rows)))
 
     def attend(self, queries: torch.Tensor, scale: float) -> torch.Tensor:
         """See `ELCrossAttention.attend`; one call, (B, 1, M, D) against (B, 1, S, D)."""
         return F.scaled_dot_product_attention(queries, self.memory, self.memory, attn_mask=self.key_bias, scale=scale)
+
+
+def _realigned(bias: torch.Tensor) -> torch.Tensor:
+    """An additive (B, 1, 1, S) mask copied into 16-aligned rows (`bart_opt.cache.aligned_bias`)."""
+    return aligned_bias(bias[:, 0, 0] == 0, bias.dtype)

@@ -22,7 +22,8 @@ import torch
 
 from bart_opt.errors import InvalidRequest
 from bart_opt.inputs import check_inputs
-from bart_opt.processors import process_scores
+from bart_opt.buffers import from_host
+from bart_opt.processors import device_ids, process_scores
 from bart_opt.spec import GenerationSpec
 
 Cancelled = Callable[[], Collection[int]]
@@ -68,15 +69,21 @@ def _cancelled_rows(cancelled: Cancelled | None, items: torch.Tensor) -> torch.T
     rows = cancelled() if cancelled is not None else ()
     if not rows:
         return None
-    return torch.isin(items, torch.tensor(sorted(rows), dtype=items.dtype, device=items.device))
+    return torch.isin(items, from_host(sorted(rows), items.dtype, items.device))
 
 
 def _stop_hits(tokens: torch.Tensor, cur_len: int, s: GenerationSpec) -> torch.Tensor:
     """Whether appending `tokens` at position `cur_len` ends a sequence (max length or EOS)."""
     hits = torch.full_like(tokens, cur_len + 1 >= s.max_length, dtype=torch.bool)
     if s.eos_token_id is not None:
-        hits |= torch.isin(tokens, torch.tensor(s.eos_token_id, device=tokens.device))
+        hits |= torch.isin(tokens, device_ids(s.eos_token_id, tokens.device))
     return hits
+
+
+def _unsettled_first(settled: torch.Tensor, left: int) -> torch.Tensor:
+    """(left,) the indices of the `left` False entries of `settled` (A,) bool, in order: what
+    `(~settled).nonzero()` gives, with the count the host already read instead of a read of its own."""
+    return torch.argsort(settled.to(torch.uint8), stable=True)[:left]
 
 
 def _greedy(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
@@ -100,12 +107,15 @@ def _greedy(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | 
         model.log_mem("greedy step %d", cur_len - 1)
         dropped = _cancelled_rows(cancelled, active)
         if dropped is not None:
-            out[active[dropped & ~ended], 1:] = fill
+            rows = out.index_select(0, active)  # (A, L)
+            rows[:, 1:].masked_fill_((dropped & ~ended)[:, None], fill)  # cut before they finished
+            out.index_copy_(0, active, rows)
             ended |= dropped
-        if bool(ended.all()):
+        left = int((~ended).sum())  # the step's one read of the device
+        if left == 0:
             return out[:, :cur_len]
-        if not model.exact and bool(ended.any()):
-            keep = (~ended).nonzero().flatten()  # (A',)
+        if not model.exact and left < ended.shape[0]:
+            keep = _unsettled_first(ended, left)  # (A',)
             active, seqs, ended = active[keep], seqs[keep], ended[keep]
             cross.keep(keep)
             cache.keep(keep)
@@ -237,51 +247,74 @@ def frozen(st: BeamState, s: GenerationSpec) -> torch.Tensor:
     return ~st.improvable[:, 0] | (st.is_finished.all(dim=-1) & (s.early_stopping is True))
 
 
-def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
-    nb = s.num_beams
-    device = model.device
-    st = init_beams(batch, nb, s, device)
-    results = st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
-    result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
-    settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
-    cache = model.new_cache(batch * nb, s.max_length - 1)
-    # Every step's (A*nb, V) float32 scores land in buffers made once: a fresh 9.6 MB tensor per
-    # step (at the CNN settings) costs more in page faults than writing it (see `Bart.decode_step`).
-    vocab = model.config.vocab_size
-    log_probs_buffer = torch.empty(batch * nb, vocab, dtype=torch.float32, device=device)  # (B*nb, V)
-    logits_buffer = None if model.dtype == torch.float32 else torch.empty_like(log_probs_buffer)  # (B*nb, V)
-    length = HostLength(s)
-    while True:
-        cur_len = length.value
+class BeamRun:
+    """The default beam search over one call: its state, and a step that runs on the device up to the
+    step's one read (which the loop, `_beam_search`, makes). `bart_opt.bench.step_bytes` runs one step
+    of it at real shapes on the `meta` device."""
+
+    def __init__(self, model, batch: int, s: GenerationSpec):
+        self.model, self.s = model, s
+        nb, device = s.num_beams, model.device
+        self.st = init_beams(batch, nb, s, device)
+        self.results = self.st.finished[:, 0].clone()  # (B, L) best hypothesis per input, filled as inputs finish
+        self.result_lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
+        self.cache = model.new_cache(batch * nb, s.max_length - 1)
+        # Every step's (A*nb, V) float32 scores land in buffers made once: a fresh 9.6 MB tensor per
+        # step (at the CNN settings) costs more in page faults than writing it (see `Bart.decode_step`).
+        vocab = model.config.vocab_size
+        self.log_probs = torch.empty(batch * nb, vocab, dtype=torch.float32, device=device)  # (B*nb, V)
+        self.logits = None if model.dtype == torch.float32 else torch.empty_like(self.log_probs)  # (B*nb, V)
+        self.length = HostLength(s)
+
+    def step(self, cross, cancelled: Cancelled | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder step and its bookkeeping, with no read of the device: (rows, own), each new beam's
+        parent row and its own row (A*nb,) each; the cache is reordered by the caller (`reorder`)."""
+        model, s, st, length = self.model, self.s, self.st, self.length
+        nb, cur_len = s.num_beams, length.value
         a = st.running.shape[0]
         tokens = st.running[:, :, cur_len - 1].reshape(a * nb, 1)  # (A*nb, 1)
-        into = None if logits_buffer is None else logits_buffer[: a * nb]
-        logits = model.decode_step(tokens, cross, cache, out=into)  # (A*nb, V)
-        log_probs = torch.log_softmax(logits, dim=-1, out=log_probs_buffer[: a * nb])
+        into = None if self.logits is None else self.logits[: a * nb]
+        logits = model.decode_step(tokens, cross, self.cache, out=into)  # (A*nb, V)
+        log_probs = torch.log_softmax(logits, dim=-1, out=self.log_probs[: a * nb])
         log_probs = process_scores(st.running.view(a * nb, -1)[:, :cur_len], log_probs, s)
         parents = beam_step(st, log_probs, length, s)
-        rows = (torch.arange(a, device=device)[:, None] * nb + parents).flatten()  # (A*nb,)
-        cache.reorder(rows)
+        own = torch.arange(a * nb, device=model.device)  # (A*nb,)
+        rows = (own.view(a, nb)[:, :1] + parents).flatten()  # (A*nb,) each new beam's parent row
         length.advance()
-        cur_len = length.value
         update_improvable(st, length)
-        model.log_mem("beam step %d", cur_len - 1)
+        model.log_mem("beam step %d", length.value - 1)
         done = frozen(st, s)
-        if cur_len >= s.max_length:
+        if length.value >= s.max_length:
             done[:] = True
-        newly = done & ~settled
-        if bool(newly.any()):
-            results[st.items[newly]] = st.finished[newly, 0]
-            result_lengths[st.items[newly]] = st.finished_lengths[newly, 0]
-        settled |= done
-        dropped = _cancelled_rows(cancelled, st.items)
+        newly = done & ~self.settled
+        # The inputs that settled now take their best hypothesis, written on the device (no mask index).
+        items, results, lengths = st.items, self.results, self.result_lengths
+        results.index_copy_(0, items, torch.where(newly[:, None], st.finished[:, 0], results.index_select(0, items)))
+        lengths.index_copy_(0, items, torch.where(newly, st.finished_lengths[:, 0], lengths.index_select(0, items)))
+        self.settled |= done
+        dropped = _cancelled_rows(cancelled, items)
         if dropped is not None:
-            settled |= dropped  # their `results` rows keep the start token and padding they began with
-        if bool(settled.all()):
-            return results[:, : 1 + int(result_lengths.max())]
-        if not model.exact and bool(settled.any()):  # exact mode keeps them running, as transformers does
-            keep = (~settled).nonzero().flatten()  # (A',)
-            st.select(keep)
-            settled = settled[keep]
-            cross.keep(keep)
-            cache.keep((keep[:, None] * nb + torch.arange(nb, device=device)).flatten())
+            self.settled |= dropped  # their `results` rows keep the start token and padding they began with
+        return rows, own
+
+    def keep(self, inputs: torch.Tensor, cross) -> None:
+        """Shrink to the working inputs `inputs` (A',)."""
+        nb = self.s.num_beams
+        self.st.select(inputs)
+        self.settled = self.settled[inputs]
+        cross.keep(inputs)
+        self.cache.keep((inputs[:, None] * nb + torch.arange(nb, device=inputs.device)).flatten())
+
+
+def _beam_search(model, batch: int, cross, s: GenerationSpec, cancelled: Cancelled | None) -> torch.Tensor:
+    run = BeamRun(model, batch, s)
+    while True:
+        rows, own = run.step(cross, cancelled)
+        # The step's one read of the device: how many cache rows moved, how many inputs are left.
+        moved, left = torch.stack(((rows != own).sum(), (~run.settled).sum())).tolist()
+        run.cache.reorder(rows, moved=moved)
+        if left == 0:
+            return run.results[:, : 1 + int(run.result_lengths.max())]
+        if not model.exact and left < run.settled.shape[0]:  # exact mode keeps them running, as transformers does
+            run.keep(_unsettled_first(run.settled, left), cross)  # (A',)

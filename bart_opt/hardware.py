@@ -186,6 +186,14 @@ def _warn_once(message: str) -> None:
     log.warning(message)
 
 
+def host_reads_are_free(device: torch.device) -> bool:
+    """Whether the host reading a tensor of `device` costs no more than the read: on a CPU. On a GPU it
+    waits for every kernel queued before it (a sync: the GPU then idles while the host queues the next),
+    so the default search's bookkeeping takes the sync-free form there where one exists at the price of
+    some arithmetic (the n-gram ban: `bart_opt.processors.process_scores`)."""
+    return device.type == "cpu"
+
+
 def fast_modes(cpu: CpuCapability) -> dict[str, str]:
     """Which modes are fast on `cpu`, each with a one-line verdict (for ``bart-opt check``; figures in docs/cpu.md)."""
     native = "fast: native bfloat16 products (oneDNN, AVX512-BF16" + (" and AMX)" if "amx_bf16" in cpu.flags else ")")

@@ -48,6 +48,7 @@ from transformers import BartConfig, GenerationConfig
 
 from bart_opt import native
 from bart_opt.attention import Attention
+from bart_opt.buffers import Buffers
 from bart_opt.cache import KVCache, StaticKVCache
 from bart_opt.config import ACTIVATIONS, validate_config
 from bart_opt.cross_attention import (
@@ -89,11 +90,13 @@ def feed_forward(x: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear, act, chunked: 
 
 
 def _clamp_fp16(x: torch.Tensor) -> torch.Tensor:
-    # transformers clamps encoder activations that overflowed in fp16; done identically for parity.
-    if x.dtype == torch.float16 and not torch.isfinite(x).all():
-        limit = torch.finfo(x.dtype).max - 1000
-        x = x.clamp(min=-limit, max=limit)
-    return x
+    """transformers clamps encoder activations that overflowed in fp16; done identically for parity: `x`
+    itself unless an activation is not finite, then `x` clamped. Chosen on the device (`torch.where` on
+    the 0-d verdict): deciding it on the host read the device once per encoder layer."""
+    if x.dtype != torch.float16:
+        return x
+    limit = torch.finfo(x.dtype).max - 1000
+    return torch.where(torch.isfinite(x).all(), x, x.clamp(min=-limit, max=limit))
 
 
 class EncoderLayer(nn.Module):
@@ -178,6 +181,7 @@ class Decoder(nn.Module):
         """(B*beams, T, D) embeddings of positions `cache.length ...` -> (B*beams, T, D) decoder states."""
         if isinstance(cache, StaticKVCache):  # one position, read on the device (a CUDA graph replays it)
             positions = self.embed_positions.weight.index_select(0, cache.position + POSITION_OFFSET)  # (1, D)
+            cache.begin_step()  # the step's self-attention mask, shared by every layer
         else:
             start = POSITION_OFFSET + (cache.length if cache is not None else 0)
             positions = self.embed_positions.weight[start : start + embeds.shape[1]]  # (T, D)
@@ -234,10 +238,28 @@ class Bart(LoggingMixin, nn.Module):
                 module.fuse()
 
     def _apply(self, fn, recurse: bool = True):
-        # `.to()`, `.half()` and the like convert each parameter on its own, which unfuses them.
+        # `.to()`, `.half()` and the like convert each parameter on its own, which unfuses them; and move
+        # them, so the static search's graphs (which replay against their addresses) go.
         out = super()._apply(fn, recurse)
         self.fuse_projections()
+        self.release_graphs()
         return out
+
+    @property
+    def graph_stats(self) -> dict | None:
+        """The static search's CUDA graphs on this model (`bart_opt.graphs.StepGraphs.stats`: graphs held,
+        captures, capture seconds, their pool's and the persistent buffers' bytes), and what the latest call
+        did (`last_call`); None where none were made (off CUDA, or before the first static call)."""
+        graphs = getattr(self, "_step_graphs", None)
+        return None if graphs is None else {**graphs.stats(), "last_call": dict(graphs.last_call)}
+
+    def release_graphs(self) -> None:
+        """Drop the static search's graphs and free their persistent buffers (the next static call on CUDA
+        captures again)."""
+        graphs = getattr(self, "_step_graphs", None)
+        if graphs is not None:
+            graphs.release()
+            self._step_graphs = None
 
     @property
     def exact(self) -> bool:
@@ -414,23 +436,26 @@ class Bart(LoggingMixin, nn.Module):
             return packing.unpack(self.encoder(hidden, packing))  # (B, S, D)
 
     def cross_attention(
-        self, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1, lazy: bool = False
+        self, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1, lazy: bool = False,
+        buffers: Buffers | None = None,
     ) -> CrossAttention:
         """The decoder's cross-attention state for encoder states `memory` (B, S, D) and `beams` rows per input.
 
         Every layer's keys/values are computed now, once per input; `lazy` computes each when
         its layer runs instead (a single teacher-forced pass needs only one layer's at a time).
         With `el_attention` (not `lazy`: a teacher-forced pass keeps the layers' own keys/values) the
-        state is the encoder output itself (`bart_opt.el_attention`).
+        state is the encoder output itself (`bart_opt.el_attention`). `buffers`: where the static search's
+        state goes (`bart_opt.buffers`; its persistent ones with CUDA graphs).
         """
         attns = [layer.encoder_attn for layer in self.decoder.layers]
         if self.exact:
             build = ExactCrossAttention.build
         elif self.el_attention and not lazy:
             build = (functools.partial(SharedELCrossAttention.build, fast=self.fast)
-                     if packing_rules.attends_per_input(memory.device) and not self.static else BatchedELCrossAttention.build)
+                     if packing_rules.attends_per_input(memory.device) and not self.static
+                     else functools.partial(BatchedELCrossAttention.build, buffers=buffers))
         elif self.static:
-            build = StaticCrossAttention.build
+            build = functools.partial(StaticCrossAttention.build, buffers=buffers)
         elif not packing_rules.attends_per_input(memory.device):
             build = BatchedCrossAttention.build
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from bart_opt import hardware
+from bart_opt.cache import aligned_bias
 
 EXACT_MIN_ROWS = 64
 """Exact mode packs only batches of at least this many real tokens: MKL's float32 GEMM rounds a
@@ -84,6 +85,7 @@ class Packing:
         self.rows = [slice(a, b) for a, b in zip(starts, starts[1:])]
         self.tokens = starts[-1]
         self._square: torch.Tensor | None = None
+        self._bias: torch.Tensor | None = None
 
     @classmethod
     def for_mode(cls, attention_mask: torch.Tensor | None, batch: int, length: int, exact: bool,
@@ -102,6 +104,16 @@ class Packing:
     def key_masks(self) -> torch.Tensor | None:
         """(B, 1, 1, S) bool mask of every input's real keys (a view), or None when nothing is padded."""
         return None if self.keep is None else self.keep[:, None, None, :]
+
+    def key_bias(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """`key_masks` as an additive mask in `dtype` (0 at real keys, -inf at padding) in 16-aligned rows,
+        made once (`bart_opt.cache.aligned_bias`: the numbers a bool mask converts to, with no copy inside
+        every attention call), or None when nothing is padded."""
+        if self.keep is None:
+            return None
+        if self._bias is None or self._bias.dtype != dtype:
+            self._bias = aligned_bias(self.keep, dtype)
+        return self._bias
 
     def key_mask(self, i: int) -> torch.Tensor | None:
         """(1, 1, 1, S) bool mask of input i's real keys, or None when nothing is padded."""

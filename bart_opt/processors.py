@@ -3,7 +3,12 @@ no-repeat n-gram, minimum length, forced BOS, forced EOS."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from bart_opt import hardware  # `host_reads_are_free` read through the module: the dispatch bench forces it
+from bart_opt.buffers import FreshBuffers, from_host
 
 
 def ban_repeated_ngrams(seqs: torch.Tensor, scores: torch.Tensor, n: int) -> torch.Tensor:
@@ -25,10 +30,21 @@ def ban_repeated_ngrams(seqs: torch.Tensor, scores: torch.Tensor, n: int) -> tor
     return scores
 
 
+@functools.lru_cache(maxsize=64)
+def device_ids(ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """(len(ids),) long on `device`, made once per ids and device: indexing with the Python list (or
+    `torch.tensor(ids, device=...)` at every step) is a blocking copy from the host on a GPU."""
+    return from_host(list(ids), torch.long, device)
+
+
 def force_token(scores: torch.Tensor, token_ids) -> torch.Tensor:
-    """Every token -inf except `token_ids`, which get 0; scores (N, V), overwritten in place."""
+    """Every token -inf except `token_ids` (an id, or several as a list or tuple), which get 0; scores
+    (N, V), overwritten in place."""
     scores.fill_(-float("inf"))
-    scores[:, token_ids] = 0
+    if isinstance(token_ids, int):
+        scores[:, token_ids] = 0
+    else:
+        scores.index_fill_(1, device_ids(tuple(token_ids), scores.device), 0)
     return scores
 
 
@@ -40,13 +56,17 @@ def process_scores(seqs: torch.Tensor, scores: torch.Tensor, s) -> torch.Tensor:
     faults, for the same numbers."""
     cur_len = seqs.shape[1]
     if s.no_repeat_ngram_size > 0:
-        scores = ban_repeated_ngrams(seqs, scores, s.no_repeat_ngram_size)
+        if hardware.host_reads_are_free(scores.device):  # only the banned entries written (a `nonzero`)
+            scores = ban_repeated_ngrams(seqs, scores, s.no_repeat_ngram_size)
+        else:  # the same scores with no read of the device
+            length = torch.full((1,), cur_len, dtype=torch.long, device=seqs.device)  # (1,)
+            scores = ban_repeated_ngrams_dense(seqs, length, scores, s.no_repeat_ngram_size)
     if s.eos_token_id is not None and s.min_length > 0 and cur_len < s.min_length:
-        scores[:, list(s.eos_token_id)] = -float("inf")
+        scores.index_fill_(1, device_ids(s.eos_token_id, scores.device), -float("inf"))
     if s.forced_bos_token_id is not None and cur_len == 1:
         scores = force_token(scores, s.forced_bos_token_id)
     if s.forced_eos_token_id is not None and cur_len == s.max_length - 1:
-        scores = force_token(scores, list(s.forced_eos_token_id))
+        scores = force_token(scores, s.forced_eos_token_id)
     return scores
 
 
@@ -78,15 +98,25 @@ class DeviceProcessors:
     than at every step. The scores are the same bit for bit.
     """
 
-    def __init__(self, spec, vocab: int, device):
+    def __init__(self, spec, vocab: int, device, buffers=None):
+        b = buffers if buffers is not None else FreshBuffers()
         self.spec = spec
-        self.eos = None if spec.eos_token_id is None else torch.tensor(spec.eos_token_id, device=device)  # (E,)
+        self.eos = None if spec.eos_token_id is None else b.place(
+            "procs.eos", device_ids(spec.eos_token_id, device))  # (E,)
         self.min_length = spec.eos_token_id is not None and spec.min_length > 0
-        self.forced = {}  # cur_len at which a row is forced -> (V,) 0 at the forced ids, -inf elsewhere
+        forced = {}  # cur_len at which a row is forced -> the ids forced
         for at, ids in ((1, spec.forced_bos_token_id), (spec.max_length - 1, spec.forced_eos_token_id)):
             if ids is not None:  # a later entry overrides an earlier one at the same length, as in `process_scores`
-                ids = list(ids) if isinstance(ids, tuple) else ids
-                self.forced[at] = force_token(torch.empty(1, vocab, dtype=torch.float32, device=device), ids)[0]
+                forced[at] = ids
+        self.forced = bool(forced)
+        if forced:
+            # Row k + 1 of the table: 0 at the ids forced at length ats[k], -inf elsewhere; row 0 unused.
+            table = torch.zeros(len(forced) + 1, vocab, dtype=torch.float32, device=device)  # (F+1, V)
+            for k, ids in enumerate(forced.values()):
+                force_token(table[k + 1 : k + 2], ids)
+            self.table = b.place("procs.forced", table)
+            self.ats = b.place("procs.forced_at", from_host(list(forced), torch.long, device))  # (F,)
+            self.order = b.place("procs.forced_order", torch.arange(1, len(forced) + 1, device=device))  # (F,)
 
     def __call__(self, seqs: torch.Tensor, cur_len: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         """Processed scores (N, V) for next tokens after `seqs` (N, L) at length `cur_len` (1,);
@@ -97,6 +127,7 @@ class DeviceProcessors:
         if self.min_length:
             short = cur_len < s.min_length  # (1,)
             scores.index_copy_(1, self.eos, scores.index_select(1, self.eos).masked_fill_(short, -torch.inf))
-        for at, row in self.forced.items():
-            scores = torch.where(cur_len == at, row, scores)  # (N, V)
+        if self.forced:  # one pass over the scores, whichever row (if any) this length forces
+            pick = torch.where(self.ats == cur_len, self.order, 0).amax(0, keepdim=True)  # (1,) 0: none
+            scores = torch.where(pick[:, None] > 0, self.table.index_select(0, pick), scores)  # (N, V)
         return scores

@@ -1,44 +1,53 @@
 """Greedy and beam search at fixed shapes, with no host syncs between checks (`Bart.static`).
 
-The default search (`bart_opt.generation`) reads the device after every decoder step: whether an
-input finished, which cache rows a beam step moved, which n-grams to ban. On a GPU each read
-stalls the host until the GPU is idle, and every step's few hundred kernels are launched one by
-one. The static search keeps everything a step decides on the device, so that steps can be queued
-without waiting, and on CUDA each step is one CUDA graph replay (`bart_opt.graphs`):
+The default search (`bart_opt.generation`) reads the device once a decoder step (how many cache rows
+a beam step moved, how many inputs are left). On a GPU each read stalls the host until the GPU is
+idle, and every step's few hundred kernels are launched one by one. The static search keeps
+everything a step decides on the device, so that steps can be queued without waiting, and on CUDA
+each step is one replay of a CUDA graph the model keeps for its life (`bart_opt.graphs`):
 
 * rows are bucketed: an input that finished stays in the working batch, masked (its result is
   recorded on the device when it settles), until the unsettled inputs fit a smaller bucket (a power
-  of two); then the batch is compacted, at a check, where the host reads the device anyway;
+  of two); then the batch is compacted, at a check, where the host reads the device anyway. With
+  CUDA graphs a call's inputs are first padded to a shared bucket (`start_bucket`, `source_bucket`:
+  padding rows and positions are masked and their outputs dropped) and copied into the model's
+  persistent buffers (`bart_opt.buffers`), so that later calls replay the same graphs;
 * the current length lives on the device (`DeviceLength`), and with it the positions, the
   min-length and forced-token conditions (`bart_opt.processors.DeviceProcessors`) and the
-  length-penalty divisors (a table made once per call);
-* the self-attention cache has a fixed length and a history table instead of moved rows
-  (`bart_opt.cache.StaticKVCache`); cross-attention is one call for the batch with an additive
-  mask made once (`bart_opt.cross_attention.StaticCrossAttention`; with EL-attention one call over
-  the single copy of the encoder output, `bart_opt.el_attention.BatchedELCrossAttention`);
+  length-penalty divisors (a table made once per call); the host keeps its own count of the steps
+  it queued, which sets how far a step reads the self-attention cache (`length_span`);
+* the self-attention cache reads a beam's history through a table inside attention, as far as it
+  is filled rounded up to `bart_opt.cache.LENGTH_BUCKET` (`bart_opt.cache.StaticKVCache`): a beam
+  step copies nothing; cross-attention is one call for the batch with an additive mask made once
+  (`bart_opt.cross_attention.StaticCrossAttention`; with EL-attention one call over the single copy
+  of the encoder output, `bart_opt.el_attention.BatchedELCrossAttention`);
 * the n-gram ban is a dense scatter (`bart_opt.processors.ban_repeated_ngrams_dense`);
 * whether every input is done is read every `CHECK_EVERY` steps, once EOS is allowed.
 
 The beam bookkeeping is the default's own (`bart_opt.generation.beam_step`, run on a
 `DeviceLength`), so the scores are the same expressions. Its layout is the default's off the CPU
 (one attention call for the batch, padded keys masked) on every device. What differs from the
-default in the arithmetic: self-attention attends over the whole fixed-length cache with the
-unwritten positions masked (the kernel rounds differently in the last bits from one over the
-written positions only), and finished inputs stay in the matrix products until the next bucket.
-Its ids are the default's up to near-ties resolved differently (docs/gpu.md publishes how often).
+default in the arithmetic: self-attention attends over the positions of all of an input's beams
+(masked to each beam's own history) and over up to 31 unwritten positions (masked), where the
+default attends over the written positions of the row only (the kernel rounds differently in the
+last bits), and finished inputs stay in the matrix products until the next bucket. Its ids are the
+default's up to near-ties resolved differently (docs/gpu.md publishes how often).
 """
 
 from __future__ import annotations
 
 import copy
 from abc import ABC, abstractmethod
+from dataclasses import fields
 
 import torch
 
-from bart_opt.cache import StaticKVCache
-from bart_opt.generation import Cancelled, beam_step, frozen, init_beams, prepare, update_improvable
-from bart_opt.graphs import StepGraphs
-from bart_opt.processors import DeviceProcessors
+from bart_opt.buffers import Buffers, FreshBuffers, from_host
+from bart_opt.cache import LENGTH_BUCKET, STATIC_ALIGN, StaticKVCache, round_up
+from bart_opt.generation import BeamState, Cancelled, beam_step, frozen, init_beams, prepare, update_improvable
+from bart_opt.graphs import StepGraphs, step_graphs
+from bart_opt.memory import format_bytes
+from bart_opt.processors import DeviceProcessors, device_ids
 from bart_opt.spec import GenerationSpec
 
 CHECK_EVERY = 4
@@ -62,14 +71,17 @@ class DeviceLength:
     reciprocal of a scalar divisor, a multiplication by that reciprocal.
     """
 
-    def __init__(self, spec: GenerationSpec, device: torch.device):
+    def __init__(self, spec: GenerationSpec, device: torch.device, buffers: Buffers | None = None):
+        b = buffers if buffers is not None else FreshBuffers()
         self.spec = spec
-        self.value = torch.ones(1, dtype=torch.long, device=device)  # (1,)
+        self.value = b.place("length.value", torch.ones(1, dtype=torch.long, device=device))  # (1,)
         lp = spec.length_penalty
         powers = torch.tensor([float(t) ** lp if t else 1.0 for t in range(spec.max_length + 1)]).float()  # (L+1,)
         self._reciprocal = device.type == "cuda"
-        self._divisors = (1.0 / powers if self._reciprocal else powers).to(device)  # (L+1,)
-        self.eos = None if spec.eos_token_id is None else torch.tensor(spec.eos_token_id, device=device)  # (E,)
+        divisors = from_host(1.0 / powers if self._reciprocal else powers, torch.float32, device)  # (L+1,)
+        self._divisors = b.place("length.divisors", divisors)
+        self.eos = None if spec.eos_token_id is None else b.place(
+            "length.eos", device_ids(spec.eos_token_id, device))  # (E,)
 
     def advance(self) -> None:
         self.value += 1
@@ -108,38 +120,77 @@ def bucket(inputs: int, size: int) -> int:
     return min(size, 1 << max(inputs - 1, 0).bit_length())
 
 
+def start_bucket(inputs: int) -> int:
+    """The first row bucket of a call of `inputs` inputs with CUDA graphs: the smallest power of two or
+    three times one that holds them (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, ...), so that
+    calls of every size share a few graphs and the benchmark's 8, 48 and 128 inputs pad nothing; the
+    buckets after it are powers of two (`bucket`): at most ceil(log2(inputs)) + 1 in a call."""
+    power = 1 << max(inputs - 1, 0).bit_length()
+    return 3 * power // 4 if power >= 4 and 3 * power // 4 >= inputs else power
+
+
+def source_bucket(length: int) -> int:
+    """The source length a call of `length` input positions is padded to with CUDA graphs: the smallest of
+    16, 32, 48, 64, 96, 128, ... (a power of two or 1.5 times one, a multiple of `STATIC_ALIGN`) that holds it; at most
+    1.5x the positions, and one graph set for all lengths within a bucket (1,024 is one)."""
+    power = max(STATIC_ALIGN, 1 << max(length - 1, 0).bit_length())
+    return 3 * power // 4 if power >= 4 * STATIC_ALIGN and 3 * power // 4 >= length else power
+
+
+def length_span(cur_len: int, cache_length: int) -> int:
+    """Positions a step at `cur_len` tokens reads of a cache of `cache_length`: the filled part (`cur_len`
+    positions, the one this step writes included) rounded up to `LENGTH_BUCKET`."""
+    return min(cache_length, round_up(cur_len, LENGTH_BUCKET))
+
+
 class _Search(ABC):
     """What the greedy and beam searches share: the model's decoder state at fixed shapes.
 
     `step()` runs one decoder step entirely on the device and updates every tensor it reads in
-    place (a CUDA graph replays it against the addresses it was captured with). Everything else
-    (`cancel`, `done`, `compact`, `result`) runs between steps, on the host's schedule.
+    place (a CUDA graph replays it against the addresses it was captured with); every such tensor
+    comes from `buffers` (persistent ones with CUDA graphs, `bart_opt.buffers`). Everything else
+    (`at`, `cancel`, `done`, `compact`, `result`) runs between steps, on the host's schedule.
+
+    `batch` inputs are the call's; `size` >= `batch` rows of inputs are in the padded batch (the rows
+    past `batch` are padding, settled from the start); `source` is the padded source length.
     """
 
     beams = 1
 
-    def __init__(self, model, batch: int, cross, spec: GenerationSpec):
-        self.model, self.cross, self.spec, self.batch = model, cross, spec, batch
+    def __init__(self, model, batch: int, size: int, source: int, cross, spec: GenerationSpec, buffers: Buffers):
+        self.model, self.cross, self.spec, self.batch, self.buffers = model, cross, spec, batch, buffers
+        self.source, self.rows0 = source, size
         device = model.device
-        self.items = torch.arange(batch, device=device)  # (A,) original batch index of each working input
-        self.length = DeviceLength(spec, device)
-        self.procs = DeviceProcessors(spec, model.config.vocab_size, device)
+        self.items = torch.arange(size, device=device)  # (A,) original batch index of each working input
+        self.length = DeviceLength(spec, device, buffers)
+        self.procs = DeviceProcessors(spec, model.config.vocab_size, device, buffers)
         c = model.config
-        self.cache = StaticKVCache(c.decoder_layers, batch * self.beams, c.decoder_attention_heads, spec.max_length - 1,
-                                   c.d_model // c.decoder_attention_heads, dtype=model.dtype, device=device)
+        self.cache = StaticKVCache(c.decoder_layers, size * self.beams, c.decoder_attention_heads, spec.max_length - 1,
+                                   c.d_model // c.decoder_attention_heads, dtype=model.dtype, device=device,
+                                   beams=self.beams, buffers=buffers)
         self._buffers()
 
     def _buffers(self) -> None:
         """Half-precision logits are widened into one float32 buffer per bucket (see `Bart.decode_step`)."""
         rows = self.items.shape[0] * self.beams
         vocab = self.model.config.vocab_size
-        self.logits = None if self.model.dtype == torch.float32 else torch.empty(
-            rows, vocab, dtype=torch.float32, device=self.model.device)  # (A*nb, V)
+        self.logits = None if self.model.dtype == torch.float32 else self.buffers.empty(
+            "logits", (rows, vocab), torch.float32, self.model.device)  # (A*nb, V)
+
+    def _done_from_start(self) -> torch.Tensor:
+        """(A,) bool: the padding rows (past `batch`), done before the first step."""
+        return torch.arange(self.rows0, device=self.model.device) >= self.batch
 
     @property
     def size(self) -> int:
         """Working inputs (the bucket)."""
         return self.items.shape[0]
+
+    def at(self, cur_len: int):
+        """Prepare the step at `cur_len` tokens (the host's count): how far it reads the cache. Returns the
+        step's shape, the key of its CUDA graph: everything the step's work depends on."""
+        self.cache.span = span_ = length_span(cur_len, self.cache.length)
+        return (self.spec, self.model.el_attention, self.size, self.source, span_)
 
     @abstractmethod
     def step(self) -> None:
@@ -165,12 +216,16 @@ class _Search(ABC):
     def result(self) -> torch.Tensor:
         """The call's output ids (B, L'), L' as long as the longest result."""
 
+    def _keep(self, name: str, tensor: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        """`tensor`'s rows `order`, in buffer `name`."""
+        return self.buffers.place(name, tensor.index_select(0, order))
+
     def compact(self, size: int, settled: torch.Tensor) -> None:
         """Shrink the working batch to `size` inputs, the unsettled ones (`settled` (A,) False) first;
         the others that fill the bucket are settled, so nothing they compute is recorded."""
         self.record()
         order = torch.argsort(settled.to(torch.uint8), stable=True)[:size]  # (A',) unsettled first: no host read
-        self.items = self.items[order]
+        self.items = self.items.index_select(0, order)
         self._select(order)
         self.cross.keep(order)
         nb = self.beams
@@ -179,25 +234,26 @@ class _Search(ABC):
 
     def cancel(self, rows: set[int]) -> None:
         """Stop the original batch rows `rows` (not yet cancelled) at this step, as the default does."""
-        marked = torch.zeros(self.batch, dtype=torch.bool)  # (B,) built on the host, copied without a sync
-        marked[sorted(rows)] = True
-        self._cancel(marked.to(self.items.device, non_blocking=True)[self.items])  # (A,)
+        marked = from_host([r in rows for r in range(self.rows0)], torch.bool, self.items.device)  # (B,)
+        self._cancel(marked[self.items])  # (A,)
 
 
 class GreedySearch(_Search):
     """Greedy search at fixed shapes: an ended row keeps decoding, its output masked, until it leaves
     with its bucket; `ended_at` records where the call's output may end."""
 
-    def __init__(self, model, batch: int, cross, spec: GenerationSpec):
-        super().__init__(model, batch, cross, spec)
+    def __init__(self, model, batch: int, size: int, source: int, cross, spec: GenerationSpec, buffers: Buffers):
+        super().__init__(model, batch, size, source, cross, spec, buffers)
         device = model.device
         self.fill = spec.pad_token_id if spec.pad_token_id is not None else -1
-        self.out = torch.full((batch, spec.max_length), self.fill, dtype=torch.long, device=device)  # (B, L)
+        self.out = torch.full((size, spec.max_length), self.fill, dtype=torch.long, device=device)  # (B, L)
         self.out[:, 0] = spec.decoder_start_token_id
-        self.seqs = self.out.clone()  # (A, L) the working rows' outputs
-        self.ended = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) finished or cancelled
-        self.ended_at = torch.zeros(batch, dtype=torch.long, device=device)  # (A,) length when it ended
-        self.out_ended_at = self.ended_at.clone()  # (B,)
+        b = buffers
+        self.seqs = b.place("greedy.seqs", self.out.clone())  # (A, L) the working rows' outputs
+        padding = self._done_from_start()
+        self.ended = b.place("greedy.ended", padding)  # (A,) finished or cancelled
+        self.ended_at = b.place("greedy.ended_at", padding.long())  # (A,) length when it ended (padding: 1)
+        self.out_ended_at = torch.zeros(size, dtype=torch.long, device=device)  # (B,)
 
     def step(self) -> None:
         length = self.length
@@ -214,7 +270,9 @@ class GreedySearch(_Search):
         return self.ended
 
     def _select(self, order: torch.Tensor) -> None:
-        self.seqs, self.ended, self.ended_at = self.seqs[order], self.ended[order], self.ended_at[order]
+        self.seqs = self._keep("greedy.seqs", self.seqs, order)
+        self.ended = self._keep("greedy.ended", self.ended, order)
+        self.ended_at = self._keep("greedy.ended_at", self.ended_at, order)
 
     def _cancel(self, dropped: torch.Tensor) -> None:
         cut = dropped & ~self.ended  # (A,) rows stopped before they finished: start token and padding
@@ -228,29 +286,38 @@ class GreedySearch(_Search):
 
     def result(self) -> torch.Tensor:
         self.record()
-        return self.out[:, : int(self.out_ended_at.max())]
+        return self.out[: self.batch, : int(self.out_ended_at[: self.batch].max())]
+
+
+_BEAM_FIELDS = tuple(f.name for f in fields(BeamState) if f.name != "items")
+"""The beam state a step reads and writes (`items` is the host's bookkeeping, not the step's)."""
 
 
 class BeamSearch(_Search):
     """Beam search at fixed shapes: `generation.BeamState` for the working inputs, plus which are
     settled and their results, recorded on the device when they settle."""
 
-    def __init__(self, model, batch: int, cross, spec: GenerationSpec):
+    def __init__(self, model, batch: int, size: int, source: int, cross, spec: GenerationSpec, buffers: Buffers):
         self.beams = spec.num_beams
-        super().__init__(model, batch, cross, spec)
+        super().__init__(model, batch, size, source, cross, spec, buffers)
         device = model.device
-        self.st = init_beams(batch, self.beams, spec, device)
-        self.settled = torch.zeros(batch, dtype=torch.bool, device=device)  # (A,) result recorded or cancelled
-        self.results = self.st.finished[:, 0].clone()  # (A, L) best hypothesis once settled
-        self.result_lengths = torch.zeros(batch, dtype=torch.long, device=device)  # (A,)
+        b = buffers
+        st = init_beams(size, self.beams, spec, device)
+        for name in _BEAM_FIELDS:
+            setattr(st, name, b.place(f"beam.{name}", getattr(st, name)))
+        self.st = st
+        self.settled = b.place("beam.settled", self._done_from_start())  # (A,) result recorded or cancelled
+        self.results = b.place("beam.results", st.finished[:, 0].clone())  # (A, L) best hypothesis once settled
+        self.result_lengths = b.place("beam.result_lengths", torch.zeros(size, dtype=torch.long, device=device))
         self.out, self.out_lengths = self.results.clone(), self.result_lengths.clone()  # (B, L), (B,)
 
     def _buffers(self) -> None:
         super()._buffers()
         a, nb = self.items.shape[0], self.beams
-        self.log_probs = torch.empty(a * nb, self.model.config.vocab_size, dtype=torch.float32,
-                                     device=self.model.device)  # (A*nb, V)
-        self.first_rows = torch.arange(a, device=self.model.device)[:, None] * nb  # (A, 1) each input's first row
+        device = self.model.device
+        self.log_probs = self.buffers.empty("beam.log_probs", (a * nb, self.model.config.vocab_size), torch.float32,
+                                            device)  # (A*nb, V)
+        self.first_rows = self.buffers.place("beam.first_rows", torch.arange(a, device=device)[:, None] * nb)  # (A, 1)
 
     def step(self) -> None:
         st, s, length = self.st, self.spec, self.length
@@ -270,17 +337,18 @@ class BeamSearch(_Search):
         torch.where(newly[:, None], work.finished[:, 0], self.results, out=self.results)
         torch.where(newly, work.finished_lengths[:, 0], self.result_lengths, out=self.result_lengths)
         self.settled |= done
-        for name in ("running", "running_scores", "finished", "finished_scores", "finished_lengths", "is_finished",
-                     "improvable"):
+        for name in _BEAM_FIELDS:
             getattr(st, name).copy_(getattr(work, name))
 
     def done(self) -> torch.Tensor:
         return self.settled
 
     def _select(self, order: torch.Tensor) -> None:
-        self.st.select(order)
-        self.settled, self.results, self.result_lengths = (
-            self.settled[order], self.results[order], self.result_lengths[order])
+        for name in _BEAM_FIELDS:
+            setattr(self.st, name, self._keep(f"beam.{name}", getattr(self.st, name), order))
+        self.settled = self._keep("beam.settled", self.settled, order)
+        self.results = self._keep("beam.results", self.results, order)
+        self.result_lengths = self._keep("beam.result_lengths", self.result_lengths, order)
 
     def _cancel(self, dropped: torch.Tensor) -> None:
         self.settled |= dropped  # their results keep the start token and padding they began with
@@ -291,7 +359,20 @@ class BeamSearch(_Search):
 
     def result(self) -> torch.Tensor:
         self.record()
-        return self.out[:, : 1 + int(self.out_lengths.max())]
+        return self.out[: self.batch, : 1 + int(self.out_lengths[: self.batch].max())]
+
+
+def pad_batch(ids: torch.Tensor, mask: torch.Tensor | None, rows: int, length: int, pad_token_id: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S) inputs padded to (rows, length): padded positions masked, padding rows one real token each
+    (a pad id at position 0) so that attention over them stays finite; their outputs are dropped."""
+    b, s = ids.shape
+    out = ids.new_full((rows, length), pad_token_id)  # (rows, length)
+    out[:b, :s] = ids
+    keep = torch.zeros((rows, length), dtype=torch.long, device=ids.device)
+    keep[:b, :s] = 1 if mask is None else mask
+    keep[b:, 0] = 1
+    return out, keep
 
 
 @torch.inference_mode()
@@ -300,20 +381,50 @@ def generate_static(model, input_ids, attention_mask=None, spec: GenerationSpec 
     """`bart_opt.generation.generate` through the static search: the same settings, options and
     `cancelled` semantics (polled after every step; the rows it names stop there and come back as
     the start token and padding), the same ids up to near-ties resolved differently.
+
+    On CUDA the steps replay the model's CUDA graphs (`bart_opt.graphs.step_graphs`): the call holds
+    their lock, pads its inputs to the graphs' buckets and copies them into the persistent buffers.
     """
     spec, ids, mask = prepare(model, input_ids, attention_mask, spec, kwargs)
-    memory = model.encode(ids, mask)
-    cross = model.cross_attention(memory, mask, beams=spec.num_beams)
-    del memory  # only the cross-attention state is needed from here on (with EL-attention, a view of it)
+    graphs = step_graphs(model)
+    if graphs is None:
+        return _search(model, ids, mask, spec, cancelled, FreshBuffers(), None)
+    with graphs.lock:
+        graphs.begin_call()
+        try:
+            return _search(model, ids, mask, spec, cancelled, graphs.buffers, graphs)
+        finally:
+            model.log_mem("static graphs: %s", _graph_summary(graphs))
+
+
+def _graph_summary(graphs: StepGraphs) -> str:
+    """The memory log's row after a call with graphs: this call's captures, and what the model holds."""
+    stats, call = graphs.stats(), graphs.last_call
+    return (f"{call.get('captures', 0)} captured this call ({call.get('capture_s', 0.0):.2f} s, "
+            f"{len(call.get('keys', []))} shapes), {stats['graphs']} held, pool {format_bytes(stats['pool_bytes'])}, "
+            f"buffers {format_bytes(stats['buffers_bytes'])}")
+
+
+def _search(model, ids: torch.Tensor, mask: torch.Tensor | None, spec: GenerationSpec, cancelled: Cancelled | None,
+            buffers: Buffers, graphs: StepGraphs | None) -> torch.Tensor:
     batch = ids.shape[0]
-    search = (GreedySearch if spec.num_beams == 1 else BeamSearch)(model, batch, cross, spec)
-    graphs = StepGraphs(search.step, model.device)
+    if buffers.persistent:
+        ids, mask = pad_batch(ids, mask, start_bucket(batch), source_bucket(ids.shape[1]), model.config.pad_token_id)
+    memory = model.encode(ids, mask)
+    cross = model.cross_attention(memory, mask, beams=spec.num_beams, buffers=buffers)
+    del memory  # only the cross-attention state is needed from here on (with EL-attention, a view of it)
+    search = (GreedySearch if spec.num_beams == 1 else BeamSearch)(model, batch, ids.shape[0], ids.shape[1], cross,
+                                                                     spec, buffers)
     # No input can settle before EOS is allowed: the first check waits for it.
     first_check = spec.min_length + 1 if spec.eos_token_id is not None and spec.min_length > 0 else 2
     stopped: set[int] = set()
     cur_len = 1  # the host's copy of `search.length`: it knows how many steps it queued
     while True:
-        graphs.run(search.size)
+        key = search.at(cur_len)
+        if graphs is None:
+            search.step()
+        else:
+            graphs.run(key, search.step)
         cur_len += 1
         if cancelled is not None:
             rows = {r for r in cancelled() if 0 <= r < batch} - stopped

@@ -9,9 +9,11 @@ Nothing in the library imports this package; it measures the library from outsid
 - `service_jobs`, `service_load`: the HTTP service's jobs and micro-batching under load;
 - `primitive_cache`: the default mode's RSS and speed with oneDNN's primitive caches bounded or not;
 - `check`: the offline self-check of a machine (`bart-opt check`);
-- `device`: the check a lent GPU machine runs in one command (ceilings, throughput, profiles, CUDA tests);
-- `dispatch`, `cache_read`, `profiling`: the static search's ATen ops and host syncs, its cache read, and
-  kernel launches and GPU-busy time from torch.profiler;
+- `device` (with `device_tasks`, run in processes of their own): the check a lent GPU machine runs in one
+  command within one budget (environment, correctness gates, speed, profiles, probes, CUDA tests);
+- `dispatch`, `step_bytes`, `cache_read`, `profiling`: the ATen ops, host syncs (hidden ones included)
+  and bytes moved per step of each search, the bytes per step at real shapes on the meta device, the
+  cache read, and kernel launches and GPU-busy time from torch.profiler;
 - `workloads`: the shapes and settings they share.
 """
 

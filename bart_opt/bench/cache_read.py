@@ -1,10 +1,14 @@
 """What reading the decoder's self-attention cache costs a beam step, per layer, on a CPU: the default's
-copy of moved rows against the static search's history table (`bart_opt.cache.StaticKVCache`).
+copy of moved rows against the static search's history table (`bart_opt.cache.StaticKVCache`), now and
+as it was.
 
 - `default: reorder + attend`: the moved rows' filled positions copied (`KVCache.reorder`, a host sync
   to find them), then attention over the filled positions;
-- `static: gather + attend`: every row's history gathered through the table over the whole fixed
-  length, then attention with the unwritten positions masked (what the static search runs);
+- `static: table inside attention`: what the static search runs (`bart_opt.cache.StaticKVCache.attend`):
+  no gather; the beams of an input attend together over the positions of all its beams, read as far as
+  the filled part rounded up to `LENGTH_BUCKET`, masked to each beam's own history through the table;
+- `static (before issue 37): gather + attend`: every row's history gathered through a table of rows
+  over the whole fixed length, then attention with the unwritten positions masked;
 - `static, compiled: fused read`: the same read written as reductions (scores = q.k, weights, sum of
   weights x values) with the gather inside them, compiled by inductor, which fuses the indirect loads
   into the reductions: no gathered copy exists;
@@ -23,20 +27,38 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bart_opt.cache import LENGTH_BUCKET, StaticKVCache, round_up
+
+
+BEAMS = 4
+
 
 def _inputs(rows: int, heads: int, head_dim: int, length: int, filled: int, seed: int = 0) -> dict:
     gen = torch.Generator().manual_seed(seed)
-    beams = 4
-    parents = (torch.randint(0, beams, (rows // beams, beams), generator=gen)
-               + beams * torch.arange(rows // beams)[:, None]).flatten()  # (N,) within each input
+    first = BEAMS * (torch.arange(rows) // BEAMS)  # (N,) each row's input's first row
+    parents = torch.randint(0, BEAMS, (rows,), generator=gen) + first  # (N,) within each input
+    kv = torch.randn(length, rows, 2, heads, head_dim, generator=gen)  # the old static layout (L, N, 2, H, d)
+    history = torch.randint(0, BEAMS, (rows, length), generator=gen) + first[:, None]  # (N, L) rows of the input
+    cache = StaticKVCache(1, rows, heads, length, head_dim, torch.float32, "cpu", beams=BEAMS)
+    cache.kv[0].copy_(kv.view(length, rows // BEAMS, BEAMS, 2, heads, head_dim).transpose(0, 1))  # (A, L, nb, 2, H, d)
+    cache.history.copy_((history % BEAMS).view(rows // BEAMS, BEAMS, length))  # (A, nb, L) beams of the input
+    cache.position.fill_(filled - 1)
+    cache.span = min(length, round_up(filled, LENGTH_BUCKET))
     return {
-        "q": torch.randn(rows, heads, 1, head_dim, generator=gen),
-        "kv": torch.randn(length, rows, 2, heads, head_dim, generator=gen),  # the static layout
+        "q": torch.randn(rows, heads, 1, head_dim, generator=gen), "kv": kv, "cache": cache,
         "keys": torch.randn(rows, heads, length, head_dim, generator=gen),  # the default's
         "values": torch.randn(rows, heads, length, head_dim, generator=gen),
-        "history": torch.randint(0, rows, (rows, length), generator=gen),
-        "parents": parents, "filled": filled, "position": torch.tensor([filled - 1]),
+        "history": history, "parents": parents, "filled": filled, "position": torch.tensor([filled - 1]),
     }
+
+
+def table_read(q, cache: StaticKVCache) -> torch.Tensor:
+    """`StaticKVCache.attend` as a step runs it: the step's mask, then the read (the new position's keys and
+    values written again as they are)."""
+    at = cache.kv[0][:, int(cache.position)]  # (A, nb, 2, H, d)
+    k, v = (at[:, :, i].flatten(0, 1)[:, :, None] for i in (0, 1))  # (N, H, 1, d)
+    cache.begin_step()
+    return cache.attend(0, q, k, v, 0.125)
 
 
 def default_read(x: dict) -> torch.Tensor:
@@ -78,7 +100,8 @@ def measure(repeats: int, rows: int, heads: int, head_dim: int, length: int, fil
         compiled_fused = torch.compile(fused_read, fullgraph=True)
         compiled_static = torch.compile(static_read, fullgraph=True)
         reads = {"default: reorder + attend": lambda: default_read(x),
-                 "static: gather + attend": lambda: static_read(*static_args),
+                 "static: table inside attention": lambda: table_read(x["q"], x["cache"]),
+                 "static (before issue 37): gather + attend": lambda: static_read(*static_args),
                  "static, compiled: fused read": lambda: compiled_fused(*static_args),
                  "static, compiled: gather + attend": lambda: compiled_static(*static_args)}
         torch.testing.assert_close(compiled_fused(*static_args), static_read(*static_args), atol=1e-4, rtol=1e-4)

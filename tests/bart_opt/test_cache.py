@@ -77,25 +77,30 @@ def test_an_indirect_cache_refuses_to_drop_a_row_a_kept_history_lives_in():
 
 def _static_histories(cache: StaticKVCache, layer: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(N, H, length, d) keys and values of every row's history as the static cache's table says."""
-    kv = cache.kv[layer]  # (L, N, 2, H, d)
-    positions = torch.arange(length)
-    read = kv[positions[None, :], cache.history[:, :length]]  # (N, length, 2, H, d)
+    kv = cache.kv[layer]  # (A, L, nb, 2, H, d)
+    a, _, nb = kv.shape[:3]
+    inputs = torch.arange(a)[:, None, None].expand(a, nb, length)
+    positions = torch.arange(length)[None, None, :].expand(a, nb, length)
+    read = kv[inputs, positions, cache.history[:, :, :length]]  # (A, nb, length, 2, H, d)
+    read = read.flatten(0, 1)  # (N, length, 2, H, d)
     return read[:, :, 0].transpose(1, 2), read[:, :, 1].transpose(1, 2)
 
 
 def test_a_static_cache_holds_the_histories_of_a_copying_one_and_attends_over_them():
     """Beam steps, inputs leaving and appends applied to both caches; the static one's position lives on the
-    device and its attention over the whole fixed length equals attention over the written part."""
+    device, a beam step permutes its table only, and its attention (an input's beams together over all their
+    positions, masked through the table) equals attention over each row's gathered history."""
     gen = torch.Generator().manual_seed(0)
     beams, inputs, heads, d = 3, 4, 2, 4
     direct = KVCache(layers=2, rows=beams * inputs, heads=heads, max_len=9, head_dim=d, dtype=torch.float32, device="cpu")
     static = StaticKVCache(layers=2, rows=beams * inputs, heads=heads, max_len=9, head_dim=d, dtype=torch.float32,
-                           device="cpu")
-    assert static.kv[0].shape[0] % STATIC_ALIGN == 0 and static.kv[0].shape[0] >= 9
+                           device="cpu", beams=beams)
+    assert static.kv[0].shape[1] % STATIC_ALIGN == 0 and static.kv[0].shape[1] >= 9
     live = inputs
     for step in range(8):
         n = live * beams
         q, k, v = (torch.randn(n, heads, 1, d, generator=gen) for _ in range(3))
+        static.span = static.length if step % 2 else STATIC_ALIGN  # reading more than the filled part changes nothing
         for layer in range(2):
             keys, values = direct.append(layer, k, v)
             expected = F.scaled_dot_product_attention(q, keys, values, scale=0.5)
@@ -105,7 +110,9 @@ def test_a_static_cache_holds_the_histories_of_a_copying_one_and_attends_over_th
         assert int(static.position) == direct.length == step + 1
         parents = (torch.randint(0, beams, (live, beams), generator=gen) + beams * torch.arange(live)[:, None]).flatten()
         direct.reorder(parents)
+        kv = [t.clone() for t in static.kv]
         static.reorder(parents)
+        assert all(torch.equal(a, b) for a, b in zip(kv, static.kv)), "a beam step moves no keys or values"
         if step in (3, 5):  # the second input leaves, then the last one
             kept = [i for i in range(live) if i != (1 if step == 3 else live - 1)]
             rows = (torch.tensor(kept)[:, None] * beams + torch.arange(beams)).flatten()
@@ -116,18 +123,41 @@ def test_a_static_cache_holds_the_histories_of_a_copying_one_and_attends_over_th
             keys, values = _static_histories(static, layer, direct.length)
             assert torch.equal(keys, direct.keys[layer][:, :, : direct.length]), (step, layer)
             assert torch.equal(values, direct.values[layer][:, :, : direct.length]), (step, layer)
-    assert static.history.shape == (live * beams, static.kv[0].shape[0])
+    assert static.history.shape == (live, beams, static.kv[0].shape[1])
+
+
+def test_a_greedy_static_cache_has_no_table_and_reads_its_filled_part():
+    cache = StaticKVCache(layers=1, rows=3, heads=2, max_len=40, head_dim=4, dtype=torch.float32, device="cpu")
+    assert cache.history is None and cache.length == 48
+    gen = torch.Generator().manual_seed(1)
+    keys = []
+    for _ in range(5):
+        q, k, v = (torch.randn(3, 2, 1, 4, generator=gen) for _ in range(3))
+        keys.append(k)
+        cache.span = 32
+        got = cache.attend(0, q, k, v, 0.5)
+        expected = F.scaled_dot_product_attention(q, torch.cat(keys, 2), torch.cat(
+            [cache.kv[0][:, t, 0, 1].unsqueeze(2) for t in range(len(keys))], 2), scale=0.5)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+        assert cache._bias.shape == (1, 1, 1, 32), "the mask covers the span read, not the whole length"
+        cache.advance(1)
+    with pytest.raises(RuntimeError, match="no beams"):
+        cache.reorder(torch.arange(3))
 
 
 def test_a_static_cache_step_updates_its_tensors_in_place():
     """A CUDA graph replays a step against the tensors it was captured with: nothing a step reads may be rebound."""
-    cache = StaticKVCache(layers=1, rows=4, heads=1, max_len=5, head_dim=2, dtype=torch.float32, device="cpu")
-    read = {name: getattr(cache, name) for name in ("position", "history", "bias", "_index")}
+    cache = StaticKVCache(layers=1, rows=4, heads=1, max_len=5, head_dim=2, dtype=torch.float32, device="cpu", beams=2)
+    read = {name: getattr(cache, name) for name in ("position", "history", "_steps", "_beam_ids")}
     kv = cache.kv[0]
     for _ in range(3):
         cache.attend(0, *(torch.randn(4, 1, 1, 2) for _ in range(3)), scale=1.0)
         cache.advance(1)
         cache.reorder(torch.tensor([1, 1, 3, 2]))
     assert all(getattr(cache, name) is tensor for name, tensor in read.items()) and cache.kv[0] is kv
-    assert cache.bias[0, 0, 0, :5].tolist() == [0.0, 0.0, 0.0, 0.0, float("-inf")]  # positions 0-3 next
-    assert cache.history[:, :3].tolist() == [[1, 1, 1], [1, 1, 1], [3, 2, 3], [2, 3, 2]]
+    # rows 0 and 1 (input 0) continue beam 1; rows 2 and 3 (input 1) swap: the table holds beam numbers.
+    assert cache.history[:, :, :3].tolist() == [[[1, 1, 1], [1, 1, 1]], [[1, 0, 1], [0, 1, 0]]]
+    assert cache.history[:, :, 3:].tolist() == [[[0] * 13, [1] * 13]] * 2  # unwritten (L = 16): their own
+    cache.begin_step()  # position 3: keys (t, j) visible for query i where t <= 3 and history[i, t] == j
+    visible = (cache._bias == 0).view(2, 2, 16, 2)[:, :, :5]  # (A, nb, t, j)
+    assert visible[1, 0].tolist() == [[False, True], [True, False], [False, True], [True, False], [False, False]]

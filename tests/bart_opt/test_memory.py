@@ -547,6 +547,10 @@ def test_el_attention_in_the_static_search_holds_the_padded_encoder_output_once(
                                ffn_dim=256, vocab_size=1000)
         el[layers] = _cross_state_bytes(path, torch.float32, True, ids, mask, static=True)
         static[layers] = _cross_state_bytes(path, torch.float32, False, ids, mask, static=True)
-    padded_copy, key_bias = mask.numel() * 256 * 4, mask.numel() * 4  # (B, S, D) and (B, 1, 1, S) float32
+    from bart_opt.cache import STATIC_ALIGN, round_up
+
+    # (B, S, D) and (B, 1, 1, S) float32, the mask's rows 16-aligned (bart_opt.cache.aligned_bias: S 200 -> 208)
+    padded_copy = mask.numel() * 256 * 4
+    key_bias = len(lengths) * round_up(max(lengths), STATIC_ALIGN) * 4
     assert el[2] == el[6] == padded_copy + key_bias, el
     assert static[6] > 2.9 * static[2] and static[2] > 3.9 * el[2], (static, el)

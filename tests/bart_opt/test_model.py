@@ -303,3 +303,19 @@ print(json.dumps({{"isa": hardware.probe().isa, "same": same}}))
                          timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     assert json.loads(run.stdout.splitlines()[-1]) == {"isa": "AVX2", "same": True}
+
+
+def test_the_fp16_clamp_decides_on_the_device():
+    """transformers' clamp of overflowed fp16 encoder activations, with no read of the device (`torch.where` on
+    the 0-d verdict): it read the device once per encoder layer."""
+    from bart_opt.bench.dispatch import DispatchCounter
+    from bart_opt.model import _clamp_fp16
+
+    finite = torch.tensor([[1.0, -65000.0, 3.5]], dtype=torch.float16)
+    overflowed = torch.tensor([[1.0, float("inf"), -float("inf")]], dtype=torch.float16)
+    with DispatchCounter() as counter:
+        kept, clamped = _clamp_fp16(finite), _clamp_fp16(overflowed)
+    assert counter.syncs == {}
+    limit = torch.finfo(torch.float16).max - 1000
+    assert torch.equal(kept, finite) and torch.equal(clamped, overflowed.clamp(-limit, limit))
+    assert _clamp_fp16(torch.tensor([float("inf")])).isinf().all(), "float32 is not clamped"

@@ -18,13 +18,15 @@ def test_the_reads_attend_alike():
     expected = cache_read.default_read(x)
     torch.testing.assert_close(cache_read.static_read(*args), expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(cache_read.fused_read(*args), expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(cache_read.table_read(x["q"], x["cache"]), expected, atol=1e-6, rtol=1e-6)
 
 
 def test_tiny_cache_read_bench_prints_every_read(capsys):
     assert cache_read.main(["--rows", "8", "--heads", "2", "--head-dim", "8", "--length", "16", "--filled", "5",
                             "--repeats", "1"]) == 0
     printed = capsys.readouterr().out
-    for name in ("default: reorder + attend", "static: gather + attend", "static, compiled: fused read",
+    for name in ("default: reorder + attend", "static: table inside attention",
+                 "static (before issue 37): gather + attend", "static, compiled: fused read",
                  "static, compiled: gather + attend"):
         assert f"| {name} |" in printed
     assert "| default: reorder + attend |" in printed and "| 1.00x |" in printed

@@ -1,85 +1,137 @@
-"""The device check (`python -m bart_opt.bench.device`) run on the CPU at the tiny size, as a lent machine
-runs it at bart-large: its report's parts, the static search's and EL-attention's rows, each mode's
-largest-batch probe, and the commands of the CUDA parts."""
+"""The device check (`python -m bart_opt.bench.device`) on the CPU at the tiny size, as a lent machine runs it
+at bart-large: its gates, speed rows and probe written as they end, and what it does when a task raises,
+crashes, hangs past its timeout or meets the end of the budget (the JSON keeps every row that finished)."""
 
 from __future__ import annotations
 
 import json
-import sys
+import time
 from pathlib import Path
 
-import torch
-from transformers import BartConfig
+import pytest
 
-from bart_opt.bench import device
+from bart_opt.bench import device, device_tasks
 
 
-def test_device_check_runs_on_the_cpu_and_writes_its_report(tmp_path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        status = device.main(["--device", "cpu", "--size", "tiny", "--out", str(tmp_path),
-                              "--parts", "ceilings,throughput,profiles"])
-    finally:
-        torch.set_num_threads(threads)
+def test_the_check_runs_on_the_cpu_and_writes_each_row_as_it_ends(tmp_path, capsys):
+    status = device.main(["--device", "cpu", "--size", "tiny", "--out", str(tmp_path), "--parts", "gates,speed,probes",
+                          "--engines", "bart_opt_static"])
     assert status == 0
     report = json.loads((tmp_path / "device.json").read_text())
-    assert report["ceilings"]["copy_tb_per_s"] > 0 and report["ceilings"]["matmul_tflop_per_s"] > 0
-    rows = {(r["engine"], r["inputs"]): r for r in report["throughput"]}
-    plan = device.Plan.for_run(torch.device("cpu"), "tiny")
-    for inputs in plan.batches:
-        for engine in ("transformers", *device.MODES):
-            row = rows[engine, inputs]
-            assert "error" not in row and row["docs_per_s"] == inputs / row["seconds"] and row["output_tokens"] > 0
-        for engine in device.MODES:  # float32, a tiny batch: the static search and EL-attention give transformers' ids
-            assert rows[engine, inputs]["same_as_transformers"] == inputs, engine
-    probes = [r for r in report["throughput"] if r.get("probe")]
-    # The tiny model's peaks predict far more than the plan's cap fits in its 1 GiB: every mode runs at the cap.
-    assert [(r["engine"], r["inputs"], r.get("largest")) for r in probes] == [
-        (name, plan.probe_cap, True) for name in device.PROBE_ORDER]
-    assert report["profiles"] == {name: None for name in device.MODES}  # no GPU timeline on a CPU
+    rows = report["rows"]
+    assert [r["task"] for r in rows][:1] == ["checkpoints"] and report["failed"] == []
+    gates = {r["gate"]: r for r in rows if "gate" in r}
+    assert set(gates) == {"graphs", "lengths", "float32"} and all(g["passed"] for g in gates.values()), gates
+    assert gates["graphs"]["captures"] >= 1 and gates["float32"]["same"] == gates["float32"]["inputs"] == 2
+    assert set(gates["lengths"]["totals"]) == {"static", "default", "transformers"}
+    plan = device.Plan.for_run("cpu", "tiny")
+    speed = [r for r in rows if r["task"] == "speed:bart_opt_static"]
+    assert [r["inputs"] for r in speed] == list(plan.batches)
+    for r in speed:
+        assert r["docs_per_s"] == r["inputs"] / r["seconds"] and r["output_tokens"] > 0
+        assert r["steps"] > 0 and "captures" not in r, "steps counted; no graphs off CUDA"
+    probe = next(r for r in rows if r["task"] == "probe:bart_opt_static")
+    assert probe["inputs"] == plan.probe_cap and probe["largest"] is True  # 1 GiB holds far more than the cap
+    printed = capsys.readouterr().out.splitlines()
+    assert [line for line in printed if line.startswith("speed:bart_opt_static at ")][-1].startswith(
+        f"speed:bart_opt_static at {plan.batches[-1]}: ")
+    assert printed[-1].startswith("device check: every part passed")
     markdown = (tmp_path / "device.md").read_text()
-    assert "| 2 | bart_opt_el_static |" in markdown and "no GPU timeline off CUDA" in markdown
-    assert f"| {plan.probe_cap} | bart_opt_el (largest) |" in markdown
-    el = rows["bart_opt_el", 2]["docs_per_s"] / rows["bart_opt", 2]["docs_per_s"]
-    assert f"| 2 | {rows['bart_opt_static', 2]['docs_per_s'] / rows['bart_opt', 2]['docs_per_s']:.2f}x | {el:.2f}x |" \
-        in markdown
+    assert "| graphs | yes |" in markdown and f"| {plan.batches[-1]} | bart_opt_static |" in markdown
+    assert {p.name for p in tmp_path.iterdir()} == {"device.json", "device.md", "workers.log"}
+
+
+def test_a_task_that_raises_keeps_its_traceback_and_fails_the_run(tmp_path):
+    runner = _runner(tmp_path, faults={"speed:bart_opt": "raise"})
+    rows = runner.run("speed:bart_opt", "speed")
+    assert len(rows) == 1 and rows[0]["error"] == "RuntimeError: injected failure in speed:bart_opt"
+    assert rows[0]["traceback"].startswith("Traceback") and "device_tasks.py" in rows[0]["traceback"]
+    saved = json.loads((runner.report.out / "device.json").read_text())
+    assert saved["failed"] == [f"speed:bart_opt: {rows[0]['error']}"]
+    assert "**FAILED**: speed:bart_opt" in (runner.report.out / "device.md").read_text()
+    assert device.failures([{"task": "gates", "gate": "graphs", "passed": False}]) == ["gate graphs FAILED"]
+
+
+def _runner(tmp_path: Path, budget_s: float = 60.0, timeout_s: float | None = None, faults=None) -> device.Runner:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "workers.log").write_text("")
+    report = device.Report(out, {"device": "cpu", "budget_s": budget_s, "plan": {"size": "tiny", "dtype": "float32"},
+                                 "parts": []})
+    work = tmp_path / "work"
+    work.mkdir()
+    return device.Runner(report, device.Plan.for_run("cpu", "tiny"), "cpu", work, time.monotonic() + budget_s,
+                         faults or {}, timeout_s)
+
+
+def test_a_task_that_crashes_keeps_its_traceback(tmp_path):
+    runner = _runner(tmp_path, faults={"speed:bart_opt": "crash"})
+    rows = runner.run("speed:bart_opt", "speed")
+    assert rows == runner.report.rows and rows[0]["error"] == "exit status 1"
+    assert "RuntimeError: injected crash in speed:bart_opt" in rows[0]["traceback"]
+    assert "Traceback" in (runner.report.out / "workers.log").read_text()
+
+
+def test_a_task_that_hangs_is_killed_at_its_timeout_and_the_run_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "MIN_TASK_S", 0.5)
+    runner = _runner(tmp_path, timeout_s=2, faults={"speed:bart_opt": "hang", "speed:bart_opt_static": "raise"})
+    start = time.monotonic()
+    hung = runner.run("speed:bart_opt", "speed")
+    assert 2 <= time.monotonic() - start < 10
+    assert [r["error"].split(" after")[0] for r in hung] == ["timeout"]
+    after = runner.run("speed:bart_opt_static", "speed")
+    assert "injected failure" in after[0]["error"], "the next task starts in a process of its own"
+    saved = json.loads((runner.report.out / "device.json").read_text())["rows"]
+    assert [r["task"] for r in saved] == ["speed:bart_opt", "speed:bart_opt_static"]
+
+
+def test_a_budget_that_runs_out_keeps_the_rows_that_finished(tmp_path, monkeypatch):
+    monkeypatch.setattr(device, "MIN_TASK_S", 0.5)
+    runner = _runner(tmp_path, budget_s=3, faults={"speed:bart_opt": "row-then-hang"})
+    start = time.monotonic()
+    rows = runner.run("speed:bart_opt", "speed")  # its cap is 240 s: the budget's end stops it
+    assert time.monotonic() - start < 8
+    assert rows[0] == {"task": "speed:bart_opt", "injected": True, "finished": True} and "timeout" in rows[1]["error"]
+    skipped = runner.run("speed:bart_opt_static", "speed")
+    runner.tests()
+    assert skipped[0]["skipped"].startswith("budget") and runner.report.rows[-1]["skipped"].startswith("budget")
+    saved = json.loads((runner.report.out / "device.json").read_text())
+    assert saved["rows"][0]["finished"] is True and len(saved["rows"]) == 4
+    assert saved["failed"] == [f"speed:bart_opt: {rows[1]['error']}"]
+
+
+def test_the_environment_block_and_the_ceilings(tmp_path):
+    spec = {"task": "env", "device": "cpu", "plan": vars(device.Plan.for_run("cpu", "tiny")),
+            "rows": str(tmp_path / "rows.jsonl")}
+    device_tasks.environment(spec)
+    row = json.loads((tmp_path / "rows.jsonl").read_text())
+    assert row["transformers_tested"] == device.TESTED_TRANSFORMERS and row["torch"] and row["cuda"] is None
+    assert row["ceilings"]["copy_tb_per_s"] > 0 and row["ceilings"]["matmul_tflop_per_s"] > 0
+    assert f"transformers {row['transformers']} (tested {device.TESTED_TRANSFORMERS})" in device.line(row)
+    assert "transformers 5" in device.format_report({"device": "cpu", "budget_s": 1, "plan": spec["plan"],
+                                                     "failed": [], "rows": [row]})
+
+
+def test_the_tested_transformers_is_the_one_installed_here():
+    import transformers
+
+    assert transformers.__version__ == device.TESTED_TRANSFORMERS, "update TESTED_TRANSFORMERS and pyproject's note"
 
 
 def test_the_predicted_largest_batch_follows_the_peaks_line():
-    plan = device.Plan.for_run(torch.device("cuda"), "large")
-    rows = [{"inputs": 48, "peak_bytes": 1_000}, {"inputs": 128, "peak_bytes": 2_600}]  # 20 bytes an input
-    assert device.predicted_batch(rows, 10_000, plan) == 128 + (9_000 - 2_600) // 20  # 448, a multiple of 8
-    assert device.predicted_batch(rows, 10_100, plan) == 448  # 452 rounded down to a multiple of 8
-    assert device.predicted_batch(rows, 10**9, plan) == plan.probe_cap
-    assert device.predicted_batch(rows, 2_800, plan) is None  # no larger than 128 fits
-    assert device.predicted_batch([rows[0], {"inputs": 128, "error": "OutOfMemoryError"}], 10**9, plan) is None
+    peaks = [(48, 1_000), (128, 2_600)]  # 20 bytes an input
+    assert device_tasks.predicted_batch(peaks, 10_000, 2048) == 128 + (9_000 - 2_600) // 20  # 448, a multiple of 8
+    assert device_tasks.predicted_batch(peaks, 10_100, 2048) == 448  # 452 rounded down to a multiple of 8
+    assert device_tasks.predicted_batch(peaks, 10**9, 2048) == 2048
+    assert device_tasks.predicted_batch(peaks, 2_800, 2048) is None  # no larger than 128 fits
 
 
-def test_a_probe_that_does_not_fit_retries_at_four_fifths(monkeypatch):
-    plan = device.Plan.for_run(torch.device("cpu"), "tiny")  # batches (1, 2), cap 4
-    tried = []
-
-    def throughput(name, model, mode, batch, dev, plan, reference):
-        inputs = batch["input_ids"].shape[0]
-        tried.append(inputs)
-        return {"engine": name, "inputs": inputs, **({"error": "OutOfMemoryError"} if inputs > 3 else {})}
-
-    monkeypatch.setattr(device, "throughput", throughput)
-    model = type("Model", (), {"config": BartConfig(vocab_size=100)})()  # what `make_batch` reads
-    rows = [{"engine": "bart_opt", "inputs": n, "peak_bytes": 100 * n} for n in plan.batches]
-    got = device.probe("bart_opt", model, rows, torch.device("cpu"), plan, deadline=float("inf"))
-    assert tried == [4, 3]
-    assert [(r["inputs"], "error" in r, r.get("largest")) for r in got] == [(4, True, None), (3, False, True)]
-    assert device.probe("bart_opt", model, rows, torch.device("cpu"), plan, deadline=0.0) == []  # time is up
-
-
-def test_the_cuda_parts_run_the_cuda_tests_and_the_self_check(tmp_path):
-    runs = device.commands(torch.device("cuda"), tmp_path)
-    assert runs["tests"][:3] == [sys.executable, "-m", "pytest"] and "cuda" in runs["tests"]
+def test_the_parts_and_the_cuda_tests_named():
+    assert device.PARTS == ("env", "gates", "speed", "profiles", "probes", "tests")
     assert all(Path(f).is_file() for f in device.CUDA_TEST_FILES)
-    assert runs["check"][-4:] == ["--device", "cuda", "--out", str(tmp_path / "check")]
-    done = device.subprocess_part([sys.executable, "-c", "print('ran')"], timeout_s=60, log=tmp_path / "x.log")
-    assert done["rc"] == 0 and "ran" in done["tail"] and (tmp_path / "x.log").read_text().strip() == "ran"
-    slow = device.subprocess_part([sys.executable, "-c", "import time; time.sleep(30)"], timeout_s=1)
-    assert slow["rc"] == "timeout"
+    with pytest.raises(SystemExit):
+        device.main(["--out", "/tmp/x", "--fault", "speed:bart_opt=explode"])
+    import torch
+
+    if not torch.cuda.is_available():
+        assert device.main(["--out", "/tmp/x"]) == 2  # no CUDA here: said so, nothing run

@@ -79,8 +79,22 @@ class Settings(engine_settings()):
         False, description="Serve the API docs: /docs (Swagger UI, from files the package ships, under the "
         "dashboard's CSP) and /openapi.json, behind the API key when one is set. Off: both are 404."
     )
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0: every interface).")
     port: int = Field(8000, ge=0, le=65535)
+    allowed_hosts: str | None = Field(
+        None, description="Host header values the server answers, comma-separated names or addresses ('*.example.com' "
+        "for subdomains, '*' for any; the port is not compared). Unset: without an API key only the server's own "
+        "names (localhost, loopback addresses, the address it listens on; any IP address when it listens on every "
+        "interface), with one any Host. Others get 400 host_not_allowed (app.hosts: DNS rebinding)."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Time a client has to send a request's headers, from its connection or its first "
+        "byte (the connection is closed past it, with a 408 when some bytes came; app.connections)."
+    )
+    max_connections: int = Field(
+        512, ge=1, description="Most connections open at once; one more closes the oldest connection still waiting "
+        "for its headers, or is itself closed when every one is a request (app.connections)."
+    )
     recent_logs: int = Field(100, ge=1, description="Requests kept for GET /metrics?format=json.")
     shutdown_timeout: float = Field(30.0, gt=0, description="Seconds SIGTERM waits for requests in flight.")
     db: str = Field(
@@ -158,6 +172,14 @@ class Settings(engine_settings()):
         from app.jobs.database import database_url  # here: app.jobs imports the settings
 
         database_url(value)  # refused here, at start: an unknown scheme, a URL taken for a file name
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_allowed_hosts(cls, value: str | None) -> str | None:
+        from app.hosts import parse_hosts
+
+        parse_hosts(value or "")  # refused here, at start: a port or a path in an entry
         return value
 
     @field_validator("ray_address")

@@ -13,12 +13,12 @@ import typing
 from typing import Any
 
 from fastapi import Request
-from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bart_opt.compare import MAX_RESAMPLES
 from bart_opt.errors import InvalidRequest
-from bart_opt.options import EngineOptions
+from bart_opt.options import EngineOptions, OptionConflict
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 
 
@@ -166,6 +166,18 @@ class Settings(engine_settings()):
         """The engine fields as `EngineOptions`."""
         return EngineOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineOptions)})
 
+    @model_validator(mode="after")
+    def _check_engine_options(self) -> Settings:
+        """Engine settings that exclude each other, or a device this machine lacks, are refused when the
+        settings are read (`EngineOptions.validate`), so the service never starts on them."""
+        try:
+            self.engine_options().validate()
+        except OptionConflict as error:
+            raise ValueError(error.naming(setting_name)) from None
+        except InvalidRequest as error:
+            raise ValueError(f"{setting_name(error.field)}: {error.message}") from None
+        return self
+
     @field_validator("db")
     @classmethod
     def _check_db(cls, value: str) -> str:
@@ -198,6 +210,11 @@ class Settings(engine_settings()):
             raise ValueError("BART_OPT_API_KEY has white space at its start or end (a newline from a file or "
                              "`echo`?); it is not stripped, so every request would be refused: set it without")
         return value
+
+
+def setting_name(field: str) -> str:
+    """The environment variable of settings field `field`: ``exact`` -> ``BART_OPT_EXACT``."""
+    return f"BART_OPT_{field.upper()}"
 
 
 def get_settings(request: Request) -> Settings:

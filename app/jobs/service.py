@@ -194,6 +194,16 @@ class JobService:
         return {"code": "jobs_store_damaged", "message": f"{self.damaged}: evaluation jobs are off; repair or "
                 "restore the database (BART_OPT_DB) and restart the server"}
 
+    def store_problem(self) -> dict | None:
+        """``{"code": "jobs_unavailable", "message"}`` while the jobs database cannot be opened (``/ready`` lists it
+        and reads ``degraded``; the message names the cause: a refused login, a missing right, a server that
+        cannot be reached), else None; None too while it is known to be damaged (`damage` says so)."""
+        reason = self.unavailable
+        if reason is None or self.damaged is not None:
+            return None
+        return {"code": "jobs_unavailable", "message": f"evaluation jobs are unavailable: {reason}; "
+                "the service retries every second"}
+
     def queue_problem(self) -> dict | None:
         """``{"code": "jobs_queue_unreadable", "message"}`` while this process's runner fails to read the job
         queue (``/ready`` lists it and reads ``degraded``; the cause is in the server log, not shown), else None;

@@ -18,8 +18,9 @@ stops that, as Django's ``ALLOWED_HOSTS`` and Starlette's ``TrustedHostMiddlewar
 - unset, with an API key: any Host (a rebinding page has no key: it is another origin than the
   dashboard's, which keeps the key in its tab's ``sessionStorage``).
 
-The port is not part of the check (a tunnel or a port mapping changes it). A refused request is
-400 ``host_not_allowed`` and reaches no route.
+The port is not part of the check (a tunnel or a port mapping changes it). A request without a
+Host header passes (a browser always sends one; HTTP/1.1 requires it, and uvicorn refuses an HTTP/1.1
+request without it). A refused request is 400 ``host_not_allowed`` and reaches no route.
 """
 
 from __future__ import annotations
@@ -115,9 +116,11 @@ class HostCheckMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = Headers(scope=scope).get("host", "")
+        given = Headers(scope=scope).get("host")
         server = scope.get("server")
-        if self.hosts.allows(host_name(given), None if not server else str(server[0])):
+        # No Host at all (HTTP/1.0 tools; uvicorn refuses an HTTP/1.1 request without one) is no browser's request,
+        # so no rebinding page's: it passes. An empty one does not.
+        if given is None or self.hosts.allows(host_name(given), None if not server else str(server[0])):
             await self.app(scope, receive, send)
             return
         shown = given if len(given) <= 100 else given[:100] + "..."

@@ -55,6 +55,7 @@ from app.metrics import Metrics
 from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.evaluate.core import Executor, SummarizerExecutor
+from bart_opt.fingerprint import FileChanged, FileWatch
 from bart_opt.readers import TooLarge
 
 logger = logging.getLogger("app.jobs")
@@ -296,9 +297,9 @@ class JobService:
                          generation=generation.to_dict(), idempotency_key=idempotency_key,
                          baselines=tuple(dict.fromkeys(body.baselines)))
             with self._dataset_errors(body) as where:
-                records = self._open(body)
+                records, watch = self._open(body)
                 try:
-                    job, created = self.intake.load(new, records, cancelled)
+                    job, created = self.intake.load(new, records, cancelled, watch)
                 finally:
                     records.close()
             if not created:
@@ -308,17 +309,20 @@ class JobService:
         self._changed.set()
         return self.view(job), True
 
-    def _open(self, body: EvaluateRequest) -> RecordStream:
-        """The body's records as a stream (nothing is opened for a refused path)."""
+    def _open(self, body: EvaluateRequest) -> tuple[RecordStream, FileWatch | None]:
+        """The body's records as a stream, and for a file the watch on it, begun before it is opened
+        (nothing is opened for a refused path)."""
         spec, columns = body.dataset, body.columns()
         options = {"text_column": columns["text"], "summary_column": columns["summary"],
                    "id_column": columns["id"], "limit": body.limit}
         if spec.source == "file":
             path = resolve_data_file(self.settings.data_dir, spec.file)
-            return iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+            watch = FileWatch(path, spec.file)
+            records = iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+            return records, watch
         if spec.source == "records":
-            return iter_records(records=spec.records, **options)
-        return iter_records(hub=spec.hub, config=spec.config, split=spec.split, **options)
+            return iter_records(records=spec.records, **options), None
+        return iter_records(hub=spec.hub, config=spec.config, split=spec.split, **options), None
 
     @contextmanager
     def _dataset_errors(self, body: EvaluateRequest) -> Iterator[str]:
@@ -348,6 +352,9 @@ class JobService:
             logger.warning("could not read dataset file %r: %s", spec.file, error)
             raise ApiError(422, "dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
                            field=where) from None
+        except FileChanged as error:
+            raise ApiError(422, "dataset_changed", f"{where}: {error}; the job was not created: submit it again once "
+                           "the file is complete", field=where) from error
         except TooLarge as error:
             raise ApiError(422, "invalid_dataset", f"{where}: {error} (BART_OPT_MAX_LINE_BYTES)",
                            field=where) from error

@@ -26,7 +26,7 @@ def _not_blank(text: str) -> str:
 
 def _reference_not_blank(reference: str) -> str:
     # The rule of jobs and the CLI ("column 'reference' is empty"): ROUGE against nothing is 0, which would
-    # pull the request's aggregate down as if the summary were wrong (R1 86.8 -> 43.4 with one such reference).
+    # pull the request's aggregate down as if the summary were wrong (issue 40: R1 86.8 -> 43.4 with one such reference).
     if not reference or reference.isspace():
         raise ValueError("reference is empty (or only white space), and ROUGE against it would be 0; give the "
                          "text's reference summary, or send no references to get summaries alone")

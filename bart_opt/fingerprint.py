@@ -115,13 +115,14 @@ class FileWatch:
 
     def fingerprint(self) -> DataFingerprint:
         """The file's fingerprint, hashed now; `FileChanged` if it changed since the watch began (or while hashing)."""
-        self._check()
+        self.check()
         digest = _hash_file(self.path)
-        self._check()
+        self.check()
         _, _, size, mtime_ns, _ = self.stat
         return DataFingerprint(size, mtime_ns, f"sha256:{digest}")
 
-    def _check(self) -> None:
+    def check(self) -> None:
+        """Raise `FileChanged` if the file changed since the watch began."""
         try:
             now = stat_key(self.path)
         except OSError:

@@ -90,7 +90,12 @@ class Intake:
         if not new:
             return created, False
         try:
-            total = self._copy(job.id, records, cancelled or threading.Event())
+            try:
+                total = self._copy(job.id, records, cancelled or threading.Event())
+            except (ValueError, OSError):
+                if watch is not None:  # a line torn by a rewrite: the cause is the change, not the data
+                    watch.check()
+                raise
             dataset = None if watch is None else {**job.dataset, "fingerprint": watch.fingerprint().to_dict()}
             sealed = self.store.seal(job.id, self.owner, total, dataset)
             if sealed is None:

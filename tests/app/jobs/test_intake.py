@@ -52,3 +52,22 @@ def test_a_job_records_the_fingerprint_of_the_file_it_read(make_jobs_app, write_
     assert shown["fingerprint"]["size"] == path.stat().st_size
     assert shown["fingerprint"]["sha256"] == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
     assert shown["fingerprint"]["mtime"].endswith("+00:00")
+
+
+def test_a_file_truncated_and_rewritten_mid_line_is_named_as_changed_not_as_bad_data(make_jobs_app, write_jsonl):
+    path = write_jsonl("d.jsonl", rows("old"))
+    app = make_jobs_app()
+    with serving(app) as client:
+        store = app.state.jobs.intake.store
+        add_records = store.add_records
+
+        def truncate_after_the_first_chunk(*args, **kwargs):
+            stored = add_records(*args, **kwargs)
+            with path.open("r+b") as handle:  # the reader is past line 1,000: what follows is now torn
+                handle.seek(path.stat().st_size // 2 + 7)
+                handle.truncate()
+            return stored
+
+        store.add_records = truncate_after_the_first_chunk
+        refused = client.post("/evaluate", json={"dataset": {"file": "d.jsonl"}, "generation": FAST})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "dataset_changed", refused.text

@@ -13,9 +13,10 @@ Nothing else is ever sent to the client: an unexpected exception becomes a 500 w
 code ``internal_error`` (see `app.middleware.CatchAllMiddleware`) and the traceback goes to
 the server log only, once; no message carries a server path or an exception class name.
 
-Codes: 400 ``bad_request`` (a body that is not JSON), 401 ``unauthorized``, 404 ``not_found``,
-405 ``method_not_allowed`` (with ``Allow``), 408 ``request_timeout`` (the body was not sent in
-time; the connection is closed), 413 ``payload_too_large``, 415 ``unsupported_media_type`` (a
+Codes: 400 ``bad_request`` (a body that is not JSON), 400 ``host_not_allowed`` (`app.hosts`), 401
+``unauthorized``, 404 ``not_found``, 405 ``method_not_allowed`` (with ``Allow``), 408
+``request_timeout`` (the body, or the headers, `app.connections`, were not sent in time; the
+connection is closed), 413 ``payload_too_large``, 415 ``unsupported_media_type`` (a
 body not sent as ``application/json``), 422 ``invalid_request``, 429 ``queue_full`` (with
 ``Retry-After``), 500 ``internal_error``, 503 ``not_ready`` / ``model_load_failed`` /
 ``shutting_down`` (with ``Retry-After``) / ``worker_dead``, 504 ``timeout`` (the request's

@@ -25,7 +25,10 @@ from app import startup
 from app.errors import document_errors, install_error_handlers
 from app.jobs import JobService
 from app.metrics import Metrics
-from app.middleware import BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, TimeLimitMiddleware
+from app.hosts import AllowedHosts, HostCheckMiddleware
+from app.middleware import (
+    BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, SecurityHeadersMiddleware, TimeLimitMiddleware,
+)
 from app.engine import Engine, SummarizerLoader, load_summarizer
 from app.routes import auth, compare, dashboard, evaluate, examples, health, metrics, options, summarize
 from app.security import require_api_key
@@ -75,7 +78,10 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
         TimeLimitMiddleware, request_timeout=settings.request_timeout_s, body_timeout=settings.body_timeout_s
     )
     app.add_middleware(CatchAllMiddleware)
+    hosts = AllowedHosts.from_settings(settings.allowed_hosts, settings.api_key is not None, settings.host)
+    app.add_middleware(HostCheckMiddleware, hosts=hosts)
     app.add_middleware(RequestContextMiddleware, metrics=registry)
+    app.add_middleware(SecurityHeadersMiddleware)
     protected = [Depends(require_api_key)]
     app.include_router(health.router)
     app.include_router(auth.router, dependencies=protected)

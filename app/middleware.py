@@ -1,7 +1,10 @@
-"""ASGI middleware: request ids and HTTP metrics, the catch-all 500, time limits, the body size limit.
+"""ASGI middleware: security headers, the Host check, request ids and HTTP metrics, the catch-all 500,
+time limits, the body size limit.
 
-Order, outermost first (``app.main``): `RequestContextMiddleware` (every answer, 500s included,
-has an id and is counted), `CatchAllMiddleware`, `TimeLimitMiddleware`, `BodyLimitMiddleware`.
+Order, outermost first (``app.main``): `SecurityHeadersMiddleware` (every answer the app sends carries
+them, 500s included), `RequestContextMiddleware` (every answer, 500s included, has an id and is counted),
+`app.hosts.HostCheckMiddleware` (a refused Host reaches nothing further), `CatchAllMiddleware`,
+`TimeLimitMiddleware`, `BodyLimitMiddleware`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,44 @@ _CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 # Metric labels take these methods as they are and any other as "other": a client must not be able
 # to create a new time series (memory that is never freed) with every made-up method name.
 _METHOD_LABELS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+# One policy for every answer: the dashboard's page needs no more than its own scripts, styles and API,
+# and a JSON or NDJSON answer needs nothing at all. Nothing may frame any of it.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
+        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+NO_STORE = "no-store"  # the default Cache-Control: answers carry data that may be private (jobs, summaries)
+
+
+class SecurityHeadersMiddleware:
+    """Puts `SECURITY_HEADERS` on every answer, and ``Cache-Control: no-store`` unless the route chose
+    another (the dashboard's files, which hold no data, say ``no-cache``). JSON and NDJSON bodies,
+    errors, 404s for unknown paths and assets: all of them, in this one place."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                for name, value in SECURITY_HEADERS.items():
+                    headers.setdefault(name, value)
+                headers.setdefault("Cache-Control", NO_STORE)
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 class RequestContextMiddleware:

@@ -1,14 +1,27 @@
-"""``serve()``: run the service under uvicorn (what ``bart-opt serve`` calls)."""
+"""``serve()``: run the service under uvicorn (what ``bart-opt serve`` calls); `server_config`: how."""
 
 from __future__ import annotations
 
 import logging
 import signal
+from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
+from app.connections import GuardedH11Protocol
 from app.main import create_app
 from app.settings import Settings
+
+
+def server_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """The uvicorn configuration of `app` under `settings`: its address, the drain on SIGTERM, and the
+    header deadline and connection cap of `app.connections` (`overrides` are other ``uvicorn.Config``
+    arguments: tests pass ``port=0``)."""
+    protocol = GuardedH11Protocol.configured(settings.header_timeout_s, settings.max_connections)
+    options = {"host": settings.host, "port": settings.port, "timeout_graceful_shutdown": settings.shutdown_timeout,
+               "http": protocol, **overrides}
+    return uvicorn.Config(app, **options)
 
 
 def serve(model: str | None = None, host: str | None = None, port: int | None = None, **settings) -> None:
@@ -31,12 +44,6 @@ def serve(model: str | None = None, host: str | None = None, port: int | None = 
     # handler SIGTERM would then kill the process (status 143) after a clean drain.
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        uvicorn.run(
-            create_app(config),
-            host=config.host,
-            port=config.port,
-            timeout_graceful_shutdown=config.shutdown_timeout,
-            log_level="info",
-        )
+        uvicorn.Server(server_config(create_app(config), config, log_level="info")).run()
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bart_opt.compare import MAX_RESAMPLES
 from bart_opt.errors import InvalidRequest
-from bart_opt.options import EngineOptions
+from bart_opt.options import EngineOptions, OptionConflict
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 from bart_opt.rouge import RougeSettings
 
@@ -80,8 +80,22 @@ class Settings(engine_settings()):
         False, description="Serve the API docs: /docs (Swagger UI, from files the package ships, under the "
         "dashboard's CSP) and /openapi.json, behind the API key when one is set. Off: both are 404."
     )
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="Address to listen on (0.0.0.0: every interface).")
     port: int = Field(8000, ge=0, le=65535)
+    allowed_hosts: str | None = Field(
+        None, description="Host header values the server answers, comma-separated names or addresses ('*.example.com' "
+        "for subdomains, '*' for any; the port is not compared). Unset: without an API key only the server's own "
+        "names (localhost, loopback addresses, the address it listens on; any IP address when it listens on every "
+        "interface), with one any Host. Others get 400 host_not_allowed (app.hosts: DNS rebinding)."
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="Time a client has to send a request's headers, from its connection or its first "
+        "byte (the connection is closed past it, with a 408 when some bytes came; app.connections)."
+    )
+    max_connections: int = Field(
+        512, ge=1, description="Most connections open at once; one more closes the oldest connection still waiting "
+        "for its headers, or is itself closed when every one is a request (app.connections)."
+    )
     recent_logs: int = Field(100, ge=1, description="Requests kept for GET /metrics?format=json.")
     shutdown_timeout: float = Field(30.0, gt=0, description="Seconds SIGTERM waits for requests in flight.")
     db: str = Field(
@@ -174,6 +188,17 @@ class Settings(engine_settings()):
             self.rouge_settings()
         except InvalidRequest as error:
             raise ValueError(f"BART_OPT_ROUGE_{error.field.upper()}: {error.message}") from None
+
+    @model_validator(mode="after")
+    def _check_engine_options(self) -> Settings:
+        """Engine settings that exclude each other, or a device this machine lacks, are refused when the
+        settings are read (`EngineOptions.validate`), so the service never starts on them."""
+        try:
+            self.engine_options().validate()
+        except OptionConflict as error:
+            raise ValueError(error.naming(setting_name)) from None
+        except InvalidRequest as error:
+            raise ValueError(f"{setting_name(error.field)}: {error.message}") from None
         return self
 
     @field_validator("db")
@@ -182,6 +207,14 @@ class Settings(engine_settings()):
         from app.jobs.database import database_url  # here: app.jobs imports the settings
 
         database_url(value)  # refused here, at start: an unknown scheme, a URL taken for a file name
+        return value
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _check_allowed_hosts(cls, value: str | None) -> str | None:
+        from app.hosts import parse_hosts
+
+        parse_hosts(value or "")  # refused here, at start: a port or a path in an entry
         return value
 
     @field_validator("ray_address")
@@ -200,6 +233,11 @@ class Settings(engine_settings()):
             raise ValueError("BART_OPT_API_KEY has white space at its start or end (a newline from a file or "
                              "`echo`?); it is not stripped, so every request would be refused: set it without")
         return value
+
+
+def setting_name(field: str) -> str:
+    """The environment variable of settings field `field`: ``exact`` -> ``BART_OPT_EXACT``."""
+    return f"BART_OPT_{field.upper()}"
 
 
 def get_settings(request: Request) -> Settings:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.options import add_cli_args, from_cli_args
+from bart_opt.options import OptionConflict, add_cli_args, from_cli_args
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 EXIT_USAGE = 2
@@ -49,7 +49,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:
+        _validate_engine_options(args)
         return args.func(args) or 0
+    except OptionConflict as error:
+        print(f"bart-opt {args.command}: error: {error.naming(_flag)}", file=sys.stderr)
+        return EXIT_USAGE
     except InvalidRequest as error:
         named = error.field in REQUEST_OPTIONS or error.field in vars(args)  # a field that is one of our options
         where = f"--{error.field.replace('_', '-')}" if named else error.field
@@ -62,6 +66,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "; rerun the same command to resume" if args.command == "evaluate" else ""
         print(f"bart-opt {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def _flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+def _validate_engine_options(args: argparse.Namespace) -> None:
+    """Refuse engine flags that exclude each other (``--exact --static``), or a device this machine lacks,
+    before any record or weight is read (`bart_opt.options.EngineOptions.validate`; with ``--ray`` only
+    what holds on every machine: each replica checks its own)."""
+    from bart_opt.baselines import is_baseline
+
+    if hasattr(args, "exact") and not is_baseline(args.model):
+        from_cli_args(args).validate(here=getattr(args, "ray", None) is None)
 
 
 def _one_line(error: BaseException | str) -> str:
@@ -459,9 +477,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     Options left out come from the service's settings (``BART_OPT_*`` environment variables).
     """
-    from app.server import serve
+    from pydantic import ValidationError
 
-    serve(model=args.model, host=args.host, port=args.port)
+    from app.settings import setting_name
+
+    try:
+        from app.server import serve  # app.main reads the settings from the environment as it is imported
+
+        serve(model=args.model, host=args.host, port=args.port)
+    except ValidationError as error:  # refused settings: their own sentences, without pydantic's frame
+        problems = []
+        for problem in error.errors():
+            message, where = str(problem["msg"]).removeprefix("Value error, "), problem["loc"]
+            named = not where or message.startswith("BART_OPT_")
+            problems.append(message if named else f"{setting_name(str(where[0]))}: {message}")
+        raise CliError("; ".join(problems)) from None
     return 0
 
 

@@ -316,6 +316,8 @@ class ReplicaPool:
         # Replicas start in other folders, on their own devices and threads.
         self.engine = replace(self.engine.portable(), device="cuda" if self.options.gpus_per_replica > 0 else "cpu",
                               torch_threads=self.options.threads_per_replica)
+        # Refused here, before Ray starts (int8 on GPU replicas); each replica checks its own machine as it loads.
+        self.engine.validate(here=False)
         self.placement: Placement | None = None
         self._configs = None
         self._fingerprint: str | None = None

@@ -43,17 +43,7 @@ import torch.nn.functional as F
 
 from bart_opt.buffers import Buffers, FreshBuffers
 from bart_opt.cache import aligned_bias
-from bart_opt.errors import InvalidRequest
 from bart_opt.packing import skips_padded_keys
-
-
-def excludes_exact() -> InvalidRequest:
-    """The error for EL-attention asked together with exact mode."""
-    return InvalidRequest(
-        "el_attention",
-        "el_attention and exact exclude each other: exact mode gives every kernel transformers' inputs so "
-        "that ids equal transformers' bit for bit, and EL-attention computes cross-attention in another "
-        "order (projections on the query side), which rounds differently; turn one of them off")
 
 
 def projection_weights(attn) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -21,6 +21,12 @@ cannot be read or written only costs the hashing again.
 Hub downloads are checked on the way: a file that is a hub cache blob is named by its own
 digest (the sha256 of an LFS file such as the weights, the git blob sha1 of a small file),
 and a file whose bytes no longer match that name is refused as damaged.
+
+A data file read over a while (a service job's intake) is watched the same way: `FileWatch`
+takes what the file system says of it when reading begins, and `FileWatch.fingerprint` at the
+end hashes it and checks that nothing changed from start to end (a rewrite in place changes its
+ctime even when size and mtime are put back; a replacement changes its inode), raising
+`FileChanged` otherwise. `DataFingerprint` is what a job records of it: size, mtime and sha256.
 """
 
 from __future__ import annotations
@@ -74,6 +80,56 @@ class Fingerprint:
             if _stat_key(Path(path)) != stat:
                 raise CheckpointError(f"{Path(path).name} changed while the checkpoint was loading; load it again",
                                       Path(path).parent)
+
+
+@dataclass(frozen=True)
+class DataFingerprint:
+    """A data file as it was read: its `size` in bytes, `mtime` (ns since the epoch) and `sha256` (``sha256:<hex>``)."""
+
+    size: int
+    mtime_ns: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        """``{"size", "mtime", "sha256"}`` for JSON (mtime in ISO 8601, UTC)."""
+        import datetime
+
+        mtime = datetime.datetime.fromtimestamp(self.mtime_ns / 1e9, datetime.timezone.utc)
+        return {"size": self.size, "mtime": mtime.isoformat(timespec="microseconds"), "sha256": self.sha256}
+
+
+class FileChanged(ValueError):
+    """A file was written, replaced or removed while it was being read."""
+
+
+class FileWatch:
+    """What the file system says of `path` now (device, inode, size, mtime, ctime), to check at the end of a read.
+
+    Raises OSError when `path` cannot be looked at. `name` is how messages call the file.
+    """
+
+    def __init__(self, path: str | os.PathLike, name: str | None = None) -> None:
+        self.path = Path(path)
+        self.name = name or str(path)
+        self.stat = stat_key(self.path)
+
+    def fingerprint(self) -> DataFingerprint:
+        """The file's fingerprint, hashed now; `FileChanged` if it changed since the watch began (or while hashing)."""
+        self.check()
+        digest = _hash_file(self.path)
+        self.check()
+        _, _, size, mtime_ns, _ = self.stat
+        return DataFingerprint(size, mtime_ns, f"sha256:{digest}")
+
+    def check(self) -> None:
+        """Raise `FileChanged` if the file changed since the watch began."""
+        try:
+            now = stat_key(self.path)
+        except OSError:
+            now = None
+        if now != self.stat:
+            raise FileChanged(f"{self.name} changed while it was being read (it was written, replaced or removed: "
+                              "its size, modification time or inode differ from when reading began)")
 
 
 class CheckpointMismatch(CheckpointError):
@@ -168,13 +224,18 @@ class DigestCache:
             return {}  # missing or unreadable: start afresh
 
 
+def stat_key(path: Path) -> tuple:
+    """What the file system says of `path` (symlinks followed): device, inode, size, mtime, ctime (OSError if nothing)."""
+    stat = path.stat()
+    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
 def _stat_key(path: Path) -> tuple:
-    """What the file system says of `path` (symlinks followed): device, inode, size, mtime, ctime."""
+    """`stat_key` of a checkpoint's file (`CheckpointError` when it cannot be looked at)."""
     try:
-        stat = path.stat()
+        return stat_key(path)
     except OSError as error:
         raise CheckpointError(f"{path.name} cannot be read ({os.strerror(error.errno or 0)})", path.parent) from None
-    return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def _hash_file(path: Path) -> str:

@@ -58,7 +58,7 @@ from bart_opt.cross_attention import (
     SharedCrossAttention,
     StaticCrossAttention,
 )
-from bart_opt.el_attention import BatchedELCrossAttention, SharedELCrossAttention, excludes_exact
+from bart_opt.el_attention import BatchedELCrossAttention, SharedELCrossAttention
 from bart_opt.generation import Cancelled, generate
 from bart_opt.static_generation import generate_static
 from bart_opt.inputs import check_inputs, shift_right
@@ -67,13 +67,12 @@ from bart_opt.loading import load_pretrained
 from bart_opt.memory import LoggingMixin
 from bart_opt import packing as packing_rules  # patched as a module by the GPU-layout tests and benches
 from bart_opt.packing import Packing
-from bart_opt.quantize import check_quantize, packed_bytes
+from bart_opt.options import MODE_FIELDS, EngineOptions, check_modes
+from bart_opt.quantize import packed_bytes
 from bart_opt.spec import GenerationSpec
 
 POSITION_OFFSET = 2  # BART's learned positions start at row 2 of the table (a fairseq legacy)
 FFN_CHUNK_TOKENS = 2048  # rows of the feed-forward block computed at once
-_EXCLUDES = {"exact": ("fast", "static", "el_attention"), "fast": ("exact",), "static": ("exact",),
-             "el_attention": ("exact",)}  # modes that cannot be on together
 
 
 def feed_forward(x: torch.Tensor, fc1: nn.Linear, fc2: nn.Linear, act, chunked: bool = True) -> torch.Tensor:
@@ -313,15 +312,11 @@ class Bart(LoggingMixin, nn.Module):
             self._set_mode(value, True)
 
     def _set_mode(self, name: str, value: bool) -> None:
-        """Set `exact`, `fast`, `static` or `el_attention` here and on every module that follows it; exact
-        excludes the other three."""
-        if value and name == "exact":
-            check_quantize(self.quantize, self.device, exact=True)  # an int8 model refuses exact mode
-        for other in _EXCLUDES[name]:
-            if value and getattr(self, other):
-                if "el_attention" in (name, other):
-                    raise excludes_exact()
-                raise ValueError(f"{name} and {other} exclude each other: {other} is on")
+        """Set `exact`, `fast`, `static` or `el_attention` here and on every module that follows it; the
+        modes that exclude each other (`bart_opt.options.EXCLUSIONS`: exact and the others, int8 included)
+        are refused with an `OptionConflict` naming both."""
+        if value:
+            check_modes({**{mode: getattr(self, mode, None) for mode in MODE_FIELDS}, name: True}, turning_on=name)
         setattr(self, f"_{name}", value)
         for module in self.modules():
             if module is not self and hasattr(module, name):
@@ -380,7 +375,8 @@ class Bart(LoggingMixin, nn.Module):
         (`bart_opt.el_attention`). Less memory; on a CPU slower; other ids in the last bits, as the
         default's are (`python -m bart_opt.bench.fidelity --modes default,el`; docs/el-attention.md).
         """
-        check_quantize(quantize, torch.device(device), exact)
+        EngineOptions(model=str(name_or_path), device=str(device), exact=exact, fast=fast, static=static,
+                      el_attention=el_attention, quantize=quantize).validate()  # before any file is read
         model = load_pretrained(cls, name_or_path, device=device, dtype=dtype, quantize=quantize)
         model.exact, model.fast = exact, fast
         model.static, model.el_attention = static, el_attention

@@ -18,6 +18,14 @@ a keyword argument of ``Bart.from_pretrained``.
 
 Values are checked once, here (`InvalidRequest` naming the field); ``"auto"`` device and dtype
 are resolved once, here (`torch_device`, `torch_dtype`).
+
+Which options exclude each other is stated once, here too (`EXCLUSIONS`, `check_modes`):
+`EngineOptions.validate` refuses a combination with one `OptionConflict` naming both options,
+before anything is loaded. The command line calls it after parsing (``--exact --static``: exit 2),
+the service's settings when they are read (``BART_OPT_EXACT=true BART_OPT_FAST=true bart-opt
+serve``: exit 2), `bart_opt.Summarizer.from_options` and `bart_opt.Bart.from_pretrained` before
+they read a file, a Ray pool on its driver and each replica before its load. `Bart`'s mode
+setters (``model.exact = True``) apply the same table.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +47,63 @@ if TYPE_CHECKING:
 
 DEVICE_KINDS = ("auto", "cpu", "cuda", "mps")
 _COUNTS = ("max_batch_tokens", "max_batch_size", "max_beams", "torch_threads")  # integers >= 1 (or None)
+_EXACT = ("exact mode gives every kernel transformers' inputs so that its ids equal transformers' bit for bit, "
+          "and {what}; turn one of them off")
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """Two engine options that cannot both be on (a `quantize` value counts as on), and why."""
+
+    first: str
+    second: str
+    reason: str
+
+
+EXCLUSIONS = (
+    Exclusion("exact", "fast", _EXACT.format(what="the fast mode's kernels leave padded keys out and round otherwise")),
+    Exclusion("exact", "static", _EXACT.format(what="the static search runs fixed shapes with another attention "
+                                                    "layout")),
+    Exclusion("exact", "el_attention", _EXACT.format(what="EL-attention computes cross-attention in another order "
+                                                          "(projections on the query side), which rounds differently")),
+    Exclusion("exact", "quantize", _EXACT.format(what="int8 products round differently from transformers' float ones")),
+)
+"""Every pair of engine modes that exclude each other (the device rules are in `EngineOptions.validate`)."""
+MODE_FIELDS = ("exact", "fast", "static", "el_attention", "quantize")
+_CPU_ONLY = ("int8 runs on a CPU only (torch's int8 dynamic-quantized linear is a CPU kernel); on {device} use dtype "
+             "float16 or bfloat16 instead, or device cpu")
+
+
+class OptionConflict(InvalidRequest):
+    """Two options that exclude each other: `names` (field names, the first is `field`) and `reason`.
+
+    ``str(error)`` and `message` name them as fields (``exact and fast exclude each other: ...``);
+    `naming` spells them as a surface does (``--exact``, ``BART_OPT_EXACT``).
+    """
+
+    def __init__(self, names: tuple[str, str], reason: str, on: str | None = None) -> None:
+        self.names = names
+        self.reason = reason if on is None else f"{on} is on; {reason}"
+        super().__init__(names[0], f"{names[0]} and {names[1]} exclude each other: {self.reason}")
+
+    def __str__(self) -> str:
+        return self.message
+
+    def naming(self, spell: Callable[[str], str]) -> str:
+        """The sentence with both options spelled by `spell` (field name -> ``--flag`` or ``BART_OPT_NAME``)."""
+        return f"{spell(self.names[0])} and {spell(self.names[1])} exclude each other: {self.reason}"
+
+
+def check_modes(modes: Mapping[str, Any], turning_on: str | None = None) -> None:
+    """Raise `OptionConflict` for the first of `EXCLUSIONS` whose two options are both on in `modes` (field ->
+    value; a truthy value is on). `turning_on` names the option being switched on (a model's setter): the
+    sentence then names it first and says which other one is on."""
+    for rule in EXCLUSIONS:
+        if modes.get(rule.first) and modes.get(rule.second):
+            if turning_on in (rule.first, rule.second):
+                other = rule.second if turning_on == rule.first else rule.first
+                raise OptionConflict((turning_on, other), rule.reason, on=other)
+            raise OptionConflict((rule.first, rule.second), rule.reason)
 
 
 def option(default: Any, help: str, *, flag: str | None = None, engine: bool = False, service: Any = dataclasses.MISSING,
@@ -114,18 +180,51 @@ class EngineOptions:
                 raise InvalidRequest(name, f"must be an integer >= 1, got {value!r}")
         return value
 
+    def modes(self) -> dict[str, Any]:
+        """The mode options (`MODE_FIELDS`) and their values."""
+        return {name: getattr(self, name) for name in MODE_FIELDS}
+
+    def validate(self, *, here: bool = True) -> EngineOptions:
+        """These options if they can run together; `OptionConflict` naming both options otherwise.
+
+        Always: `EXCLUSIONS`, and `quantize` with a ``cuda`` or ``mps`` device. With `here` (where
+        the model is to be loaded; a Ray driver passes False for its replicas), also what this
+        machine lacks: the device asked for (``InvalidRequest`` on ``device``), ``auto`` resolving to
+        a GPU for int8, torch's x86 quantized engine for int8. Nothing is loaded or read.
+        """
+        check_modes(self.modes())
+        kind = self.device.partition(":")[0]
+        if self.quantize is not None and kind in ("cuda", "mps"):
+            raise OptionConflict(("quantize", "device"), _CPU_ONLY.format(device=kind))
+        if here:
+            device = self.torch_device()
+            if self.quantize is not None:
+                if device.type != "cpu":
+                    raise OptionConflict(("quantize", "device"),
+                                         f"device auto is {device.type} here, and " + _CPU_ONLY.format(device=device.type))
+                from bart_opt.quantize import check_engine
+
+                check_engine(self.quantize)
+        return self
+
     # ---- resolved once ---------------------------------------------------------------------
 
     def torch_device(self) -> torch.device:
-        """The device to load on: ``auto`` is cuda when available, else cpu. Raises ValueError for
-        cuda asked for where there is none."""
+        """The device to load on: ``auto`` is cuda when available, else cpu. Raises `InvalidRequest`
+        (on ``device``) for cuda, a cuda index or mps asked for where there is none."""
         import torch
 
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         device = torch.device(self.device)
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {self.device!r} asked for, but CUDA is not available here; use 'cpu'")
+            raise InvalidRequest("device", f"{self.device!r} asked for, but CUDA is not available here; use 'cpu'")
+        if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+            raise InvalidRequest("device", f"{self.device!r} asked for, but this machine has "
+                                           f"{torch.cuda.device_count()} CUDA device(s)")
+        if device.type == "mps" and not torch.backends.mps.is_available():
+            raise InvalidRequest("device", f"{self.device!r} asked for, but MPS (Apple's GPU) is not available here; "
+                                           "use 'cpu'")
         return device
 
     def dtype_choice(self, device: torch.device) -> DtypeChoice:
@@ -177,4 +276,5 @@ def from_cli_args(args: argparse.Namespace, options: type[EngineOptions] = Engin
     return options(**given)
 
 
-__all__ = ["EngineOptions", "add_cli_args", "from_cli_args", "option"]
+__all__ = ["EXCLUSIONS", "EngineOptions", "Exclusion", "OptionConflict", "add_cli_args", "check_modes", "from_cli_args",
+           "option"]

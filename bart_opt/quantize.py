@@ -45,26 +45,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from bart_opt import hardware
+from bart_opt.errors import InvalidRequest
 
 MODES = ("int8",)
 """The `quantize` values `Bart.from_pretrained` takes (and None: no quantization)."""
 
 
-def check_quantize(quantize: str | None, device: torch.device, exact: bool) -> None:
-    """Refuse what the int8 mode cannot do, naming it: another mode, exact mode, a device other than a CPU."""
-    if quantize is None:
-        return
-    if quantize not in MODES:
-        raise ValueError(f"quantize={quantize!r} is not supported; use one of {list(MODES)} or None")
-    if exact:
-        raise ValueError(f"quantize={quantize!r} and exact=True exclude each other: exact mode reproduces "
-                         "transformers' float arithmetic bit for bit, and int8 products round differently")
-    if device.type != "cpu":
-        raise ValueError(f"quantize={quantize!r} runs on a CPU only (torch's int8 dynamic-quantized linear is a "
-                         f"CPU kernel); on {device.type} use dtype float16 or bfloat16 instead")
+def check_engine(quantize: str) -> None:
+    """Refuse int8 where this build of torch lacks the kernel it runs on (which modes and devices it excludes is
+    stated in `bart_opt.options.EXCLUSIONS` and `EngineOptions.validate`, which calls this)."""
     if "x86" not in torch.backends.quantized.supported_engines:
-        raise ValueError(f"quantize={quantize!r} needs torch's x86 quantized engine (fbgemm), which this build of "
-                         f"torch lacks (it has {torch.backends.quantized.supported_engines})")
+        raise InvalidRequest("quantize", f"{quantize!r} needs torch's x86 quantized engine (fbgemm), which this build "
+                                         f"of torch lacks (it has {torch.backends.quantized.supported_engines})")
 
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

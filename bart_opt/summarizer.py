@@ -136,11 +136,13 @@ class Summarizer:
 
     @classmethod
     def from_options(cls, options: EngineOptions, **hooks) -> Summarizer:
-        """Load what `options` describe (`bart_opt.options.EngineOptions`); `hooks` go to the
-        constructor (``scorer``, ``oom_errors``, ``before_model_call``)."""
+        """Load what `options` describe (`bart_opt.options.EngineOptions`, validated first: options that
+        exclude each other, or a device this machine lacks, are refused before anything is read); `hooks`
+        go to the constructor (``scorer``, ``oom_errors``, ``before_model_call``)."""
         from bart_opt.loading import resolve_checkpoint
         from bart_opt.model import Bart
 
+        options.validate()
         if options.torch_threads is not None:
             torch.set_num_threads(options.torch_threads)
         device = options.torch_device()

@@ -13,7 +13,7 @@ const SAMPLE = "The city council voted on Monday to expand the public library, a
 function textItem(index, remove) {
   const text = field(`Text ${index + 1}`, { tag: "textarea", name: `texts[${index}]`, rows: 5, class: "try-text" });
   const reference = field(`Reference ${index + 1} (optional)`, { tag: "textarea", name: `references[${index}]`, rows: 2,
-    class: "try-reference" });
+    class: "try-reference" }, "ROUGE needs a reference for every text, or none.");
   const item = h("fieldset", { class: "try-item" }, h("legend", {}, `Text ${index + 1}`), text, reference,
     index > 0 ? h("button", { type: "button", class: "quiet", onclick: () => remove(item) }, `Remove text ${index + 1}`) : null);
   item.text = text.input;

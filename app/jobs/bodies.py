@@ -200,7 +200,8 @@ class JobView(BaseModel):
     fingerprint: str | None = Field(
         description="The content digest of the checkpoint the job runs on (`/ready`'s fingerprint when it was "
         "submitted); the job runs only on a model with the same one. None for a job from before fingerprints.")
-    dataset: dict
+    dataset: dict = Field(description="The source: {hub, config, split}, {records: N}, or {file, fingerprint}, the "
+                          "file's fingerprint as read ({size, mtime, sha256}; a file changed while read refuses the job)")
     columns: dict
     limit: int | None
     generation: dict | None

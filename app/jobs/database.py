@@ -10,7 +10,13 @@
 
 Anything else is refused by `database_url` with a sentence saying what to write instead,
 including a URL that lost a slash on the way (``postgresql:/...``), which would otherwise
-become a SQLite file named like the URL.
+become a SQLite file named like the URL, and a URL whose password holds an ``@`` or a ``%`` that
+is not percent-encoded (where its user information ends would be a guess).
+
+A password is never printed: every message and log line shows ``BART_OPT_DB`` through
+`redacted`, which hides the password of the user information (``postgres:***@host``) and of a
+``password=`` query parameter (``?password=***``) in any text, a URL that does not parse
+included (`shown_url` for a parsed one).
 
 `make_engine` builds the SQLAlchemy engine both backends share. Its connection pool is
 bounded (`PoolLimits`: ``BART_OPT_DB_POOL_SIZE`` connections kept, ``BART_OPT_DB_MAX_OVERFLOW``
@@ -23,7 +29,12 @@ restarted costs no failed request.
 
 Errors: `StoreError` is every database failure, with `StoreError.reason`, a sentence safe
 for a client (no path, no host, no SQL), and `StoreError.damaged` for a database whose
-pages are corrupt (nothing to retry). `StoreConflict` is a constraint violation.
+pages are corrupt (nothing to retry). `StoreConflict` is a constraint violation. The reason names
+the cause: a refused login (a wrong password, an unknown user), a right the user lacks (CREATE
+on the schema, CONNECT on the database, pg_hba.conf), a server that cannot be reached (connection
+refused, a name that does not resolve, no answer in time), a busy or full server. PostgreSQL says
+why by its SQLSTATE, except for a connection that could not be made, where libpq's own message is
+all there is (`_CONNECT_PHRASES`).
 """
 
 from __future__ import annotations
@@ -43,6 +54,10 @@ from sqlalchemy.pool import QueuePool
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # two letters at least: not a drive letter
 _POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
 _URL_FORMS = "a file path, sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
+_ENCODE = ("percent-encode the password's '@', '/', ':' and '%' (python3 -c \"import sys, urllib.parse; "
+           "print(urllib.parse.quote(sys.argv[1], safe=''))\" 'PASSWORD')")
+_QUERY_PASSWORD = re.compile(r"(?i)(^|[?&;\s])(password=)[^&\s]*")
+_PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 _SQLITE_PHRASES = {
     "SQLITE_READONLY": "is read-only",
@@ -56,6 +71,7 @@ _SQLITE_PHRASES = {
     "SQLITE_PERM": "cannot be accessed (permission denied)",
 }
 _SQLITE_DAMAGED = ("SQLITE_CORRUPT", "SQLITE_NOTADB")
+_LOGIN_REFUSED = "refused its login (password authentication failed: check the user and password in BART_OPT_DB)"
 # PostgreSQL SQLSTATEs (https://www.postgresql.org/docs/current/errcodes-appendix.html): exact codes
 # first, then their two-character classes.
 _POSTGRES_PHRASES = {
@@ -69,14 +85,38 @@ _POSTGRES_PHRASES = {
     "57P02": "cannot be reached (its server is shutting down or restarting)",
     "57P03": "cannot be reached (its server is shutting down or restarting)",
     "3D000": "does not exist on its server",
-    "42501": "cannot be accessed (permission denied)",
+    "42501": "cannot be accessed (permission denied: its user lacks a right it needs, such as CREATE on the schema "
+             "or CONNECT on the database)",
+    "28P01": _LOGIN_REFUSED,
     "XX001": "is damaged",
     "XX002": "is damaged",
     "08": "cannot be reached (the connection to its server failed)",
-    "28": "refused this server's credentials",
+    "28": "refused its login (check the user in BART_OPT_DB, and the server's pg_hba.conf)",
     "53": "is busy (its server is out of resources)",
 }
 _POSTGRES_DAMAGED = ("XX001", "XX002")
+# libpq reports a failed connection without a SQLSTATE: its message (client-side, in English) says why.
+_CONNECT_PHRASES = (
+    ("password authentication failed", _LOGIN_REFUSED),
+    ("no password supplied", "refused its login (the server asks for a password and BART_OPT_DB gives none)"),
+    ("authentication failed", "refused its login (authentication failed: check the user in BART_OPT_DB)"),
+    ('role "', "refused its login (its user does not exist on the server: check the user in BART_OPT_DB)"),
+    ("no pg_hba.conf entry", "cannot be accessed (permission denied: the server's pg_hba.conf admits no connection "
+                             "from this host for this user and database)"),
+    ("permission denied", "cannot be accessed (permission denied: its user lacks CONNECT on the database)"),
+    ("does not exist", "does not exist on its server"),
+    ("too many connections", "is busy (its server has no connection left)"),
+    ("remaining connection slots", "is busy (its server has no connection left)"),
+    ("the database system is", "cannot be reached (its server is shutting down or restarting)"),
+    ("connection refused", "cannot be reached (nothing listens at its address: connection refused)"),
+    ("could not translate host name", "cannot be reached (its host name does not resolve)"),
+    ("name or service not known", "cannot be reached (its host name does not resolve)"),
+    ("timeout expired", "cannot be reached (no answer within BART_OPT_DB_CONNECT_TIMEOUT_S)"),
+    ("timed out", "cannot be reached (no answer within BART_OPT_DB_CONNECT_TIMEOUT_S)"),
+    ("no route to host", "cannot be reached (no route to its host)"),
+    ("network is unreachable", "cannot be reached (no route to its host)"),
+)
+_UNREACHED = "cannot be reached (the connection to its server failed or was lost)"
 
 
 class InvalidDatabaseUrl(ValueError):
@@ -112,23 +152,29 @@ def database_url(value: str | Path) -> URL:
     """The database that `value` (``BART_OPT_DB``) names, as a SQLAlchemy URL.
 
     A file path becomes ``sqlite:///PATH``; PostgreSQL URLs get the psycopg driver. Raises
-    `InvalidDatabaseUrl` for an unknown scheme, a URL missing its ``//``, an empty value, or
-    a PostgreSQL URL while psycopg is not installed.
+    `InvalidDatabaseUrl` (its message shows the value `redacted`) for an unknown scheme, a URL
+    missing its ``//``, a password with an unencoded ``@`` or ``%``, a URL that does not parse, an
+    empty value, or a PostgreSQL URL while psycopg is not installed.
     """
     text = str(value)
     if not text.strip():
         raise InvalidDatabaseUrl(f"BART_OPT_DB is empty; give {_URL_FORMS}")
     if "://" not in text:
         if _SCHEME.match(text):
-            scheme, shown = text.split(":", 1)[0], _shown_raw(text)
+            scheme = text.split(":", 1)[0]
             raise InvalidDatabaseUrl(
-                f"BART_OPT_DB {shown!r} looks like a {scheme}: URL without '//' after the scheme, not a "
+                f"BART_OPT_DB {redacted(text)!r} looks like a {scheme}: URL without '//' after the scheme, not a "
                 f"file path; write {scheme}://... (or start a file name of that form with ./)")
         return URL.create("sqlite", database=text)
+    userinfo = _userinfo(text.split("://", 1)[1])
+    if userinfo is not None and ("@" in userinfo or _PERCENT_ESCAPE.search(userinfo)):
+        raise InvalidDatabaseUrl(f"BART_OPT_DB {redacted(text)!r}: its password holds an '@' or a '%' that is not "
+                                 f"percent-encoded, so where the host begins is a guess; {_ENCODE}")
     try:
         url = make_url(text)
-    except exc.ArgumentError:
-        raise InvalidDatabaseUrl(f"BART_OPT_DB {_shown_raw(text)!r} is not a valid URL; give {_URL_FORMS}") from None
+    except (exc.ArgumentError, ValueError):  # a port that is no number: a '/', '@' or ':' of a password, often
+        raise InvalidDatabaseUrl(f"BART_OPT_DB {redacted(text)!r} is not a valid URL; give {_URL_FORMS}, and "
+                                 f"{_ENCODE}") from None
     if url.drivername == "sqlite":
         if not url.database:
             raise InvalidDatabaseUrl("BART_OPT_DB sqlite:// names no file (an in-memory database would lose every "
@@ -142,14 +188,36 @@ def database_url(value: str | Path) -> URL:
     raise InvalidDatabaseUrl(f"BART_OPT_DB: unknown database {url.drivername!r}; give {_URL_FORMS}")
 
 
+def _userinfo(rest: str) -> str | None:
+    """What stands before the host in `rest` (a URL after its ``scheme://``): everything up to the last ``@``
+    before the query (a password may hold a ``/``), None without one."""
+    before_query = rest.split("?", 1)[0]
+    at = before_query.rfind("@")
+    return None if at < 0 else before_query[:at]
+
+
+def redacted(text: str) -> str:
+    """`text` (a ``BART_OPT_DB`` value, or any text holding one) with every password shown as ``***``: the
+    value of each ``password=`` parameter, and what follows the user name up to the last ``@`` of a URL's
+    user information. Made for values that do not parse too: a lost slash, an unencoded ``@``, ``/``,
+    ``:`` or ``%`` in the password. A value without a scheme (a file path) is shown as it is."""
+    hidden = _QUERY_PASSWORD.sub(r"\1\2***", text)
+    scheme = _SCHEME.match(hidden)
+    if scheme is None:
+        return hidden
+    head, rest = hidden[:scheme.end()], hidden[scheme.end():]
+    slashes = rest[:len(rest) - len(rest.lstrip("/"))]
+    rest = rest[len(slashes):]
+    at = rest.split("?", 1)[0].rfind("@")
+    if at < 0:
+        return hidden
+    user, colon, _ = rest[:at].partition(":")
+    return f"{head}{slashes}{user}{':***' if colon else ''}{rest[at:]}"
+
+
 def shown_url(url: URL) -> str:
-    """`url` for a log line: the password hidden."""
-    return url.render_as_string(hide_password=True)
-
-
-def _shown_raw(text: str) -> str:
-    """A value that did not parse as a URL, for an error message: a password (between ``:`` and ``@``) hidden."""
-    return re.sub(r":[^:/@]*@", ":***@", text)
+    """`url` for a log line: its passwords hidden (`redacted`)."""
+    return redacted(url.render_as_string(hide_password=True))
 
 
 def make_engine(url: URL, pool: PoolLimits, *, sqlite_factory: type[sqlite3.Connection] = sqlite3.Connection,
@@ -198,9 +266,11 @@ def store_error(error: BaseException) -> StoreError:
     else:
         state = getattr(original, "sqlstate", None) or ""
         phrase = _POSTGRES_PHRASES.get(state) or _POSTGRES_PHRASES.get(state[:2])
-        if phrase is None:  # no SQLSTATE: the connection could not be made, or was lost
-            lost = getattr(error, "connection_invalidated", False) or not state
-            phrase = "cannot be reached (its server does not answer)" if lost else "cannot be used"
+        if phrase is None and not state:  # the connection could not be made, or was lost: libpq's words say why
+            said = str(original).lower()
+            phrase = next((words for key, words in _CONNECT_PHRASES if key in said), _UNREACHED)
+        elif phrase is None:
+            phrase = _UNREACHED if getattr(error, "connection_invalidated", False) else "cannot be used"
         damaged = state in _POSTGRES_DAMAGED
     kind = StoreConflict if isinstance(error, exc.IntegrityError) else StoreError
     return kind(f"the jobs database (BART_OPT_DB) {phrase}", damaged=damaged)

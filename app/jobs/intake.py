@@ -6,6 +6,12 @@ write transaction each, renewing the loader's lease, so a big submission never l
 running job's writes and a reader never holds the dataset), then seals it ``queued``. Any
 error on the way discards what was copied and propagates; the job never becomes visible.
 
+A file source is watched while it is read (`bart_opt.fingerprint.FileWatch`, begun before the
+file is opened): at the end of intake it is hashed and checked unchanged, and a file that was
+written, replaced or removed meanwhile refuses the job (`FileChanged`: its records may mix two
+versions of the file). The job records the file's fingerprint (size, mtime, sha256) in its
+dataset: ``{"file": "d.jsonl", "fingerprint": {...}}``.
+
 Each record is checked as it passes: a text or reference longer than `max_record_chars`, or
 one that is not valid Unicode (a lone surrogate, which neither the tokenizer nor SQLite can
 take) or holds a NUL character (which PostgreSQL cannot store), marks *that record* failed
@@ -31,6 +37,7 @@ from app.jobs.job import Job
 from app.jobs.store import JobStore, NewJob, StoredRecord, StoreError
 from bart_opt.data import Record, RecordStream
 from bart_opt.errors import InvalidRequest
+from bart_opt.fingerprint import FileWatch
 from bart_opt.summarizer import check_text
 
 logger = logging.getLogger("app.jobs")
@@ -68,21 +75,29 @@ class Intake:
         self.owner = owner
         self.lease_s = lease_s
 
-    def load(self, job: NewJob, records: RecordStream,
-             cancelled: threading.Event | None = None) -> tuple[Job, bool]:
+    def load(self, job: NewJob, records: RecordStream, cancelled: threading.Event | None = None,
+             watch: FileWatch | None = None) -> tuple[Job, bool]:
         """Create `job` with the records of `records`; ``(queued job, True)``, or ``(existing, False)``
-        when its idempotency key is taken (nothing is read then).
+        when its idempotency key is taken (nothing is read then). `watch` watches the file `records`
+        come from (see the module docstring).
 
         Raises ValueError for bad records (a duplicate id, too many records, what the source
-        raises), `StoreError` when the store fails, `LoadCancelled` once `cancelled` is set
-        (checked at every record); nothing of the job is left behind.
+        raises; `bart_opt.fingerprint.FileChanged` for a file that changed while it was read),
+        `StoreError` when the store fails, `LoadCancelled` once `cancelled` is set (checked at
+        every record); nothing of the job is left behind.
         """
         created, new = self.store.begin(job, self.owner, self.lease_s)
         if not new:
             return created, False
         try:
-            total = self._copy(job.id, records, cancelled or threading.Event())
-            sealed = self.store.seal(job.id, self.owner, total)
+            try:
+                total = self._copy(job.id, records, cancelled or threading.Event())
+            except (ValueError, OSError):
+                if watch is not None:  # a line torn by a rewrite: the cause is the change, not the data
+                    watch.check()
+                raise
+            dataset = None if watch is None else {**job.dataset, "fingerprint": watch.fingerprint().to_dict()}
+            sealed = self.store.seal(job.id, self.owner, total, dataset)
             if sealed is None:
                 raise LoadAbandoned(f"job {job.id} was discarded while loading (its loader's lease ran out)")
         except BaseException:

@@ -57,6 +57,7 @@ from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter
 from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.core import Executor, SummarizerExecutor
 from bart_opt.evaluate.record import run_record
+from bart_opt.fingerprint import FileChanged, FileWatch
 from bart_opt.readers import TooLarge
 
 logger = logging.getLogger("app.jobs")
@@ -197,6 +198,16 @@ class JobService:
         return {"code": "jobs_store_damaged", "message": f"{self.damaged}: evaluation jobs are off; repair or "
                 "restore the database (BART_OPT_DB) and restart the server"}
 
+    def store_problem(self) -> dict | None:
+        """``{"code": "jobs_unavailable", "message"}`` while the jobs database cannot be opened (``/ready`` lists it
+        and reads ``degraded``; the message names the cause: a refused login, a missing right, a server that
+        cannot be reached), else None; None too while it is known to be damaged (`damage` says so)."""
+        reason = self.unavailable
+        if reason is None or self.damaged is not None:
+            return None
+        return {"code": "jobs_unavailable", "message": f"evaluation jobs are unavailable: {reason}; "
+                "the service retries every second"}
+
     def queue_problem(self) -> dict | None:
         """``{"code": "jobs_queue_unreadable", "message"}`` while this process's runner fails to read the job
         queue (``/ready`` lists it and reads ``degraded``; the cause is in the server log, not shown), else None;
@@ -283,9 +294,9 @@ class JobService:
                     return self._replay(existing, idempotency_key, request_hash), False
             new = self._new_job(body, request_hash, idempotency_key)
             with self._dataset_errors(body) as where:
-                records = self._open(body)
+                records, watch = self._open(body)
                 try:
-                    job, created = self.intake.load(new, records, cancelled)
+                    job, created = self.intake.load(new, records, cancelled, watch)
                 finally:
                     records.close()
             if not created:
@@ -325,17 +336,20 @@ class JobService:
         """This replica's engine as jobs record it (None before the model is loaded): what ``/ready`` shows."""
         return self.runner.executor().engine_record() if self.engine.summarizer is not None else None
 
-    def _open(self, body: EvaluateRequest) -> RecordStream:
-        """The body's records as a stream (nothing is opened for a refused path)."""
+    def _open(self, body: EvaluateRequest) -> tuple[RecordStream, FileWatch | None]:
+        """The body's records as a stream, and for a file the watch on it, begun before it is opened
+        (nothing is opened for a refused path)."""
         spec, columns = body.dataset, body.columns()
         options = {"text_column": columns["text"], "summary_column": columns["summary"],
                    "id_column": columns["id"], "limit": body.limit}
         if spec.source == "file":
             path = resolve_data_file(self.settings.data_dir, spec.file)
-            return iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+            watch = FileWatch(path, spec.file)
+            records = iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+            return records, watch
         if spec.source == "records":
-            return iter_records(records=spec.records, **options)
-        return iter_records(hub=spec.hub, config=spec.config, split=spec.split, **options)
+            return iter_records(records=spec.records, **options), None
+        return iter_records(hub=spec.hub, config=spec.config, split=spec.split, **options), None
 
     @contextmanager
     def _dataset_errors(self, body: EvaluateRequest) -> Iterator[str]:
@@ -365,6 +379,9 @@ class JobService:
             logger.warning("could not read dataset file %r: %s", spec.file, error)
             raise ApiError(422, "dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
                            field=where) from None
+        except FileChanged as error:
+            raise ApiError(422, "dataset_changed", f"{where}: {error}; the job was not created: submit it again once "
+                           "the file is complete", field=where) from error
         except TooLarge as error:
             raise ApiError(422, "invalid_dataset", f"{where}: {error} (BART_OPT_MAX_LINE_BYTES)",
                            field=where) from error

@@ -294,17 +294,21 @@ class JobStore(JobQueries):
             seen[example_id] = stored.position
         return DuplicateId("?", -1, -1)
 
-    def seal(self, job_id: str, owner: str, total: int) -> Job | None:
-        """Make a ``loading`` job of `owner` ``queued`` with `total` records (None if it is not).
+    def seal(self, job_id: str, owner: str, total: int, dataset: dict | None = None) -> Job | None:
+        """Make a ``loading`` job of `owner` ``queued`` with `total` records (None if it is not), its
+        dataset description replaced by `dataset` when given (what intake learnt: a file's fingerprint).
 
         The submission time becomes the moment it was sealed, so it queues after jobs that were
         ready before it.
         """
+        described = "" if dataset is None else ", dataset = :dataset"
         with self._write() as connection:
             changed = connection.execute(text(
                 "UPDATE jobs SET status = 'queued', total = :total, owner = NULL, lease_until = NULL, created_at = :now,"
-                " waiting_since = :now WHERE id = :job AND status = 'loading' AND owner = :owner"
-            ), {"total": total, "now": time.time(), "job": job_id, "owner": owner}).rowcount
+                " waiting_since = :now"
+                f"{described} WHERE id = :job AND status = 'loading' AND owner = :owner"
+            ), {"total": total, "now": time.time(), "job": job_id, "owner": owner,
+                "dataset": None if dataset is None else _dumps(dataset)}).rowcount
         return self.get(job_id) if changed else None
 
     def create(self, job: NewJob, records: Sequence[Record]) -> tuple[Job, bool]:

@@ -1,7 +1,7 @@
 """The web dashboard: ``GET /`` (the page) and ``GET /dashboard/{file}`` (its scripts and styles).
 
 Everything the page needs ships in ``app/dashboard/``; nothing is fetched from anywhere else
-(the Content-Security-Policy says so to the browser too). The page and its files hold no data
+(the Content-Security-Policy on every answer says so to the browser too). The page and its files hold no data
 and are served without the API key: the page asks for the key when the API answers 401, keeps
 it in the tab's ``sessionStorage`` and sends it as ``Authorization: Bearer`` on every API call.
 """
@@ -20,15 +20,9 @@ DASHBOARD_DIR = Path(__file__).resolve().parent.parent / "dashboard"
 MEDIA_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
 # The files served, fixed at import: a name that is not one of them is a 404, never a path lookup.
 ASSETS = {path.name: path for path in sorted(DASHBOARD_DIR.iterdir()) if path.suffix in MEDIA_TYPES}
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
+# The page and its files hold no data: a browser may keep them, asking each time whether they changed.
+# The security headers (CSP, nosniff, frame-ancestors) are on every answer (`app.middleware.SecurityHeadersMiddleware`).
+FILE_HEADERS = {"Cache-Control": "no-cache"}
 
 router = APIRouter(tags=["dashboard"], include_in_schema=False)
 
@@ -36,7 +30,7 @@ router = APIRouter(tags=["dashboard"], include_in_schema=False)
 @router.get("/")
 async def page() -> FileResponse:
     """The dashboard's single page (no data in it: the data comes from the API)."""
-    return FileResponse(DASHBOARD_DIR / "index.html", media_type="text/html", headers=SECURITY_HEADERS)
+    return FileResponse(DASHBOARD_DIR / "index.html", media_type="text/html", headers=FILE_HEADERS)
 
 
 @router.get("/dashboard/{name}")
@@ -46,8 +40,8 @@ async def asset(name: str) -> FileResponse:
 
 
 def shipped_file(files: Mapping[str, Path], name: str, what: str) -> FileResponse:
-    """The file `name` of the fixed table `files` (a 404 for any other name), with the pages' security headers."""
+    """The file `name` of the fixed table `files` (a 404 for any other name), cacheable as the page is."""
     path = files.get(name)
     if path is None:
         raise ApiError(404, "not_found", f"no {what} file {name!r}")
-    return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=SECURITY_HEADERS)
+    return FileResponse(path, media_type=MEDIA_TYPES[path.suffix], headers=FILE_HEADERS)

@@ -23,7 +23,7 @@ from pathlib import Path
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from app.routes.dashboard import SECURITY_HEADERS, shipped_file
+from app.routes.dashboard import FILE_HEADERS, shipped_file
 
 DOCS_DIR = Path(__file__).resolve().parent.parent / "docs"
 _VENDOR = Path(str(resources.files("fastapi_offline") / "static"))
@@ -47,7 +47,7 @@ async def openapi(request: Request) -> JSONResponse:
 @pages.get("/docs")
 async def swagger() -> FileResponse:
     """Swagger UI on ``/openapi.json``."""
-    return FileResponse(DOCS_DIR / "swagger.html", media_type="text/html", headers=SECURITY_HEADERS)
+    return FileResponse(DOCS_DIR / "swagger.html", media_type="text/html", headers=FILE_HEADERS)
 
 
 @assets.get("/docs/assets/{name}")

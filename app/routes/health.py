@@ -6,7 +6,9 @@ at ``BART_OPT_FD_UNHEALTHY_FRACTION`` of ``RLIMIT_NOFILE``; the use is in every 
 model that failed to load keeps ``/health`` at 200 (a restart with the same settings fails
 the same way; ``/ready`` says why it is not ready). A ready ``/ready`` names the checkpoint by
 its fingerprint (`bart_opt.fingerprint`) and lists the operator faults in effect
-(`app.startup`), and its engine as resolved (what jobs record, quantize included). While the jobs database is damaged it reads ``degraded``, with a
+(`app.startup`), and its engine as resolved (what jobs record, quantize included). While the jobs database cannot be opened it reads ``degraded``, with a
+``jobs_unavailable`` warning naming why (a refused login, a missing right, an unreachable server).
+While the jobs database is damaged it reads ``degraded``, with a
 ``jobs_store_damaged`` warning that says so: ``/summarize`` still serves, evaluation jobs are off
 (their routes answer 503 without ``Retry-After``: waiting will not mend it). While this process's job
 runner fails to read the job queue (it retries, backing off to 5 s) it reads ``degraded`` too, with a
@@ -44,8 +46,8 @@ class ReadyWarning(BaseModel):
 
 
 class Ready(BaseModel):
-    status: str = Field(description="``ready``, or ``degraded`` while the jobs database is damaged or the job "
-                        "runner cannot read its queue (see warnings)")
+    status: str = Field(description="``ready``, or ``degraded`` while the jobs database cannot be opened or is "
+                        "damaged, or the job runner cannot read its queue (see warnings)")
     model: str
     device: str
     dtype: str = Field(description="The dtype the model runs in (float32, float16, bfloat16)")
@@ -83,7 +85,8 @@ async def ready(request: Request) -> dict:
     service = request.app.state.service
     service.check_ready()
     jobs = request.app.state.jobs
-    problems = [problem for problem in (jobs.damage(), jobs.queue_problem()) if problem is not None]
+    problems = [problem for problem in (jobs.damage(), jobs.store_problem(), jobs.queue_problem())
+                if problem is not None]
     fingerprint = service.fingerprint
     dtype, dtype_reason = service.dtype
     return {"status": "degraded" if problems else "ready", "model": service.model_name, "device": service.device,

@@ -10,6 +10,10 @@ exit. PostgreSQL refuses to run as root: as root, every server command runs as t
     with TempCluster() as cluster:
         url = cluster.create_database("jobs")   # postgresql://postgres@127.0.0.1:PORT/jobs
         cluster.stop(); cluster.start()          # the server going away and coming back
+        cluster.add_user("app", "pa/ss@wo:rd%", database="jobs", create=False)  # a password login without CREATE
+
+Authentication is trust, except for the users `add_user` makes: they log in over TCP with their
+password (scram-sha-256), so a wrong one is refused as on a real server.
 """
 
 from __future__ import annotations
@@ -111,6 +115,26 @@ class TempCluster:
         with psycopg.connect(f"host=127.0.0.1 port={self.port} user={USER} dbname=postgres", autocommit=True) as c:
             c.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
+
+    def add_user(self, name: str, password: str, *, database: str | None = None, create: bool = True) -> None:
+        """A login role `name` that must give `password` over TCP; with `database` (made if missing) it may
+        connect there, and with `create` False it may not create anything in that database's public schema."""
+        import psycopg
+        from psycopg import sql
+
+        admin = f"host=127.0.0.1 port={self.port} user={USER}"
+        with psycopg.connect(f"{admin} dbname=postgres", autocommit=True) as c:
+            c.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name), sql.Literal(password)))
+            if database is not None and c.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone() is None:
+                c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+        if database is not None:
+            with psycopg.connect(f"{admin} dbname={database}", autocommit=True) as c:
+                c.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+                if create:
+                    c.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(name)))
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(f"host all {name} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "reload")
 
     def __exit__(self, *exc) -> None:
         try:

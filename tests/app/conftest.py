@@ -28,6 +28,9 @@ os.environ["BART_OPT_DB"] = str(Path(_jobs_folder) / "jobs.db")
 # The tests assert CPU facts (live-tensor memory counts, fp32 summaries); on a GPU machine the
 # service would otherwise pick CUDA and float16.
 os.environ["BART_OPT_DEVICE"] = "cpu"
+# Starlette's TestClient and httpx's ASGI transport send "Host: testserver", which the Host check
+# (app.hosts) refuses on a server without an API key; the tests of that check set allowed_hosts themselves.
+os.environ["BART_OPT_ALLOWED_HOSTS"] = "testserver,localhost,127.0.0.1"
 
 
 @pytest.fixture(scope="package", autouse=True)

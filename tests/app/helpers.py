@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.engine import load_summarizer
+from app.server import server_config
 from bart_opt.demo import random_article
 
 # Short generation keeps each model call of the tiny demo model well under a second.
@@ -59,11 +60,13 @@ def serving(app: FastAPI, *, wait_ready: bool = True) -> Iterator[TestClient]:
 
 @contextmanager
 def live_server(app: FastAPI) -> Iterator[tuple[str, int]]:
-    """Serve the app with uvicorn on a free loopback port in a thread; yields (host, port) once ready.
+    """Serve the app with uvicorn as ``bart-opt serve`` does (`app.server.server_config`: its header deadline and
+    connection cap, from the app's settings) on a free loopback port in a thread; yields (host, port) once ready.
 
     Uvicorn leaves logging alone (``log_config=None``), so its records reach pytest's caplog.
     """
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_config=None, lifespan="on"))
+    config = server_config(app, app.state.settings, host="127.0.0.1", port=0, log_config=None, lifespan="on")
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn")
     thread.start()
     try:

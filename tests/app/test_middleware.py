@@ -1,4 +1,4 @@
-"""Request ids and the body limit for requests that never reach a route."""
+"""Request ids, security headers and the body limit, for requests that never reach a route too."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 import socket
 import time
 
+from app.middleware import SECURITY_HEADERS
 from tests.app.helpers import FAST, live_server, serving
 
 
@@ -66,7 +67,7 @@ def test_a_body_sent_too_slowly_is_a_408_and_the_connection_is_closed(make_app):
     app = make_app(body_timeout_s=0.5)
     with live_server(app) as (host, port), socket.create_connection((host, port), timeout=30) as client:
         started = time.monotonic()
-        client.sendall(b"POST /summarize HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+        client.sendall(b"POST /summarize HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                        b"Content-Length: 100\r\n\r\n{\"texts\": [")  # and then nothing more
         answer = b""
         while chunk := client.recv(65536):  # until the server closes the connection
@@ -84,3 +85,42 @@ def test_made_up_methods_share_one_metric_label(client):
     exposition = client.app.state.metrics.exposition().decode()
     assert 'method="other",route="/summarize",status="405"} 3.0' in exposition
     assert "BREW" not in exposition
+
+
+def test_every_answer_carries_the_security_headers_and_data_is_not_stored(client):
+    job = client.post("/evaluate", json={"dataset": {"records": [{"text": "one two three", "reference": "one"}]},
+                                         "generation": FAST})
+    answers = {
+        "JSON": client.get("/health"),
+        "job JSON": client.get(job.headers["location"]),
+        "NDJSON": client.get(job.headers["location"] + "/predictions"),
+        "404": client.get("/nowhere"),
+        "unknown asset": client.get("/dashboard/nope.js"),
+        "405": client.put("/summarize"),
+        "400": client.post("/summarize", content=b"{", headers={"Content-Type": "application/json"}),
+        "422": client.post("/summarize", json={"texts": []}),
+    }
+    assert answers["NDJSON"].headers["content-type"] == "application/x-ndjson"
+    for kind, response in answers.items():
+        headers = response.headers
+        assert "frame-ancestors 'none'" in headers.get("content-security-policy", ""), kind
+        assert headers.get("x-content-type-options") == "nosniff", kind
+        for name, value in SECURITY_HEADERS.items():
+            assert headers.get(name) == value, (kind, name)
+        assert headers.get("cache-control") == "no-store", kind
+    page, script = client.get("/"), client.get("/dashboard/main.js")
+    for response in (page, script):  # the page and its files hold no data: cacheable, revalidated
+        assert response.status_code == 200 and response.headers["cache-control"] == "no-cache"
+        assert response.headers["content-security-policy"] == SECURITY_HEADERS["Content-Security-Policy"]
+
+
+def test_the_uniform_500_carries_the_security_headers_too(make_app):
+    app = make_app()
+    with serving(app) as client:
+        def explode(*args, **kwargs):
+            raise RuntimeError("boom")
+
+        app.state.engine.summarizer.summarize_groups = explode
+        failed = client.post("/summarize", json={"texts": ["anything"], "generation": FAST})
+    assert failed.status_code == 500
+    assert failed.headers["x-content-type-options"] == "nosniff" and failed.headers["cache-control"] == "no-store"

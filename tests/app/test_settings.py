@@ -146,3 +146,55 @@ def test_file_paths_and_database_urls_are_taken(value, backend):
     from app.jobs.database import database_url
 
     assert Settings(db=value).db == value and database_url(value).get_backend_name() == backend
+
+
+SERVE_CONFLICTS = [
+    ({"BART_OPT_EXACT": "true", "BART_OPT_FAST": "true"}, "BART_OPT_EXACT and BART_OPT_FAST exclude each other: "),
+    ({"BART_OPT_EXACT": "true", "BART_OPT_STATIC": "true"}, "BART_OPT_EXACT and BART_OPT_STATIC exclude each other: "),
+    ({"BART_OPT_EXACT": "true", "BART_OPT_EL_ATTENTION": "true"},
+     "BART_OPT_EXACT and BART_OPT_EL_ATTENTION exclude each other: "),
+    ({"BART_OPT_EXACT": "true", "BART_OPT_QUANTIZE": "int8"}, "BART_OPT_EXACT and BART_OPT_QUANTIZE exclude each other: "),
+    ({"BART_OPT_QUANTIZE": "int8", "BART_OPT_DEVICE": "cuda"},
+     "BART_OPT_QUANTIZE and BART_OPT_DEVICE exclude each other: int8 runs on a CPU only"),
+]
+
+
+@pytest.mark.parametrize(("environment", "sentence"), SERVE_CONFLICTS)
+def test_conflicting_engine_settings_make_serve_exit_2_with_one_sentence(environment, sentence, monkeypatch, capsys,
+                                                                         tmp_path):
+    from bart_opt.cli import main
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValidationError, match=sentence):
+        Settings()
+    assert main(["serve", "--model", str(tmp_path / "no-such-checkpoint"), "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"bart-opt serve: error: {sentence}") and "\n" not in err and "validation error" not in err
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_device_the_machine_lacks_makes_serve_exit_2(device, monkeypatch, capsys, tmp_path):
+    import torch
+
+    from bart_opt.cli import main
+
+    if (torch.cuda.is_available() if device == "cuda" else torch.backends.mps.is_available()):
+        pytest.skip(f"this machine has {device}")
+    monkeypatch.setenv("BART_OPT_DEVICE", device)
+    assert main(["serve", "--model", str(tmp_path / "no-such-checkpoint"), "--port", "0"]) == 2
+    assert capsys.readouterr().err.strip().startswith(f"bart-opt serve: error: BART_OPT_DEVICE: '{device}' asked for, but")
+
+
+def test_bart_opt_serve_with_exact_and_fast_exits_2_before_loading_anything(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "BART_OPT_EXACT": "true", "BART_OPT_FAST": "true", "BART_OPT_DB": str(tmp_path / "jobs.db")}
+    run = subprocess.run([sys.executable, "-m", "bart_opt.cli", "serve", "--model", str(tmp_path / "none"), "--port",
+                          "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bart-opt serve: error: BART_OPT_EXACT and BART_OPT_FAST exclude")
+    assert not (tmp_path / "jobs.db").exists()  # nothing started: no database, no model

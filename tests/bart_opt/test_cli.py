@@ -69,7 +69,7 @@ def test_static_and_el_attention_flags_load_the_model_in_that_mode(demo_checkpoi
     alone = Summarizer.from_pretrained(demo_checkpoint, device="cpu", **{mode: True})
     assert out == alone.summarize(texts, max_length=12, min_length=3, num_beams=2).summaries
     assert main(["summarize", "--model", demo_checkpoint, flag, "--exact", str(data)]) == 2
-    assert f"{mode} and exact exclude each other" in capsys.readouterr().err
+    assert f"--exact and {flag} exclude each other" in capsys.readouterr().err
 
 
 def test_fast_flag_loads_the_model_in_fast_mode_and_excludes_exact(demo_checkpoint, capsys):
@@ -344,3 +344,27 @@ def test_quantize_flag_loads_the_int8_model_on_summarize_and_evaluate(demo_check
         assert load_summarizer(args).model.quantize == "int8"
     assert main(["summarize", "--model", demo_checkpoint, "--quantize", "int8", "--exact", str(data)]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--exact", "--static"], "--exact and --static"), (["--exact", "--el-attention"], "--exact and --el-attention"),
+    (["--exact", "--quantize", "int8"], "--exact and --quantize"),
+    (["--quantize", "int8", "--device", "cuda"], "--quantize and --device"),
+    (["--quantize", "int8", "--device", "mps"], "--quantize and --device"),
+])
+def test_engine_flags_that_exclude_each_other_exit_2_before_any_record_or_weight_is_read(flags, named, tmp_path, capsys):
+    missing = str(tmp_path / "no-such-checkpoint")
+    for command in (["evaluate", "--data", str(tmp_path / "no-such.jsonl"), "--out", str(tmp_path / "o")],
+                    ["summarize", str(tmp_path / "no-such.jsonl")]):
+        assert main([*command, "--model", missing, *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"bart-opt {command[0]}: error: {named} exclude each other: ") and "\n" not in err
+        assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_a_device_this_machine_lacks_exits_2_before_any_record_is_read(tmp_path, capsys):
+    assert main(["evaluate", "--model", "m", "--device", "cuda", "--data", str(tmp_path / "x.jsonl"),
+                 "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "bart-opt evaluate: error: --device: 'cuda' asked for, but CUDA is not available here; use 'cpu'")

@@ -341,3 +341,14 @@ def test_a_command_that_joined_ray_exits_with_its_status_however_it_ends(ray_clu
     assert done.returncode == status, done.stderr
     assert done.stderr.splitlines()[-1] == "bart-opt: Ray did not shut down within 1 s; exiting without it"
     assert ("RuntimeError: boom" in done.stderr) == (status == 1)  # a crash keeps its traceback
+
+
+def test_engine_options_that_exclude_each_other_are_refused_on_the_driver_and_on_a_replica(tmp_path):
+    from bart_opt.options import OptionConflict
+
+    with pytest.raises(OptionConflict, match="quantize and device exclude each other: int8 runs on a CPU only"):
+        ReplicaPool(EngineOptions(model="m", quantize="int8"), ClusterOptions(gpus_per_replica=1))  # before Ray starts
+    with pytest.raises(OptionConflict, match="exact and static exclude each other"):
+        ReplicaPool(EngineOptions(model="m", exact=True, static=True), ClusterOptions())
+    with pytest.raises(OptionConflict, match="exact and fast exclude each other"):  # a replica, before its load
+        Replica(EngineOptions(model=str(tmp_path / "no-such-checkpoint"), exact=True, fast=True), spec=None)

@@ -169,9 +169,9 @@ def test_the_batched_call_compiles_as_one_graph(checkpoint, monkeypatch):
 
 
 def test_el_attention_and_exact_refuse_each_other_by_name(checkpoint):
-    with pytest.raises(InvalidRequest, match="el_attention and exact exclude each other.*rounds differently") as error:
+    with pytest.raises(InvalidRequest, match="exact and el_attention exclude each other.*rounds differently") as error:
         Bart.from_pretrained(checkpoint, exact=True, el_attention=True)
-    assert error.value.field == "el_attention"
+    assert error.value.names == ("exact", "el_attention")
     model = Bart.from_pretrained(checkpoint, el_attention=True)
     for turn_exact_on in (lambda: setattr(model, "exact", True), lambda: setattr(model, "mode", "exact")):
         with pytest.raises(InvalidRequest, match="exclude each other"):

@@ -16,7 +16,7 @@ import bart_opt.fingerprint as fingerprints
 import bart_opt.loading as loading
 from bart_opt import Bart
 from bart_opt.errors import CheckpointError
-from bart_opt.fingerprint import CheckpointMismatch, DigestCache, check_fingerprint, fingerprint
+from bart_opt.fingerprint import CheckpointMismatch, DigestCache, FileChanged, FileWatch, check_fingerprint, fingerprint
 from bart_opt.summarizer import Summarizer
 
 IDENTITY = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")
@@ -190,3 +190,38 @@ def test_a_run_on_another_checkpoint_names_both_fingerprints(demo_checkpoint, ma
         check_fingerprint(ours.digest, theirs, "job 1234")
     assert ours.digest in str(caught.value) and theirs.digest in str(caught.value) and "job 1234" in str(caught.value)
     assert ours.to_dict() == {"digest": ours.digest, "files": dict(ours.files)}
+
+
+# ---- a data file watched while it is read ---------------------------------------------------------------
+
+
+def test_a_watched_file_that_did_not_change_is_fingerprinted_by_its_bytes(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b'{"id": "1"}\n')
+    found = FileWatch(path, "d.jsonl").fingerprint()
+    assert found.size == 12 and found.mtime_ns == path.stat().st_mtime_ns
+    assert found.sha256 == "sha256:" + hashlib.sha256(path.read_bytes()).hexdigest()
+    assert set(found.to_dict()) == {"size", "mtime", "sha256"}
+
+
+@pytest.mark.parametrize("change", ["rewritten in place, mtime restored", "replaced", "removed", "appended to"])
+def test_a_watched_file_that_changed_is_refused(tmp_path, change):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"old 1\nold 2\n")
+    stat = path.stat()
+    watch = FileWatch(path, "d.jsonl")
+    if change == "rewritten in place, mtime restored":
+        with path.open("r+b") as handle:
+            handle.write(b"new")
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        assert path.stat().st_size == stat.st_size and path.stat().st_mtime_ns == stat.st_mtime_ns
+    elif change == "replaced":
+        (tmp_path / "other").write_bytes(b"new 1\nnew 2\n")
+        os.replace(tmp_path / "other", path)
+    elif change == "removed":
+        path.unlink()
+    else:
+        with path.open("ab") as handle:
+            handle.write(b"old 3\n")
+    with pytest.raises(FileChanged, match="d.jsonl changed while it was being read"):
+        watch.fingerprint()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bart_opt import InvalidRequest
-from bart_opt.options import EngineOptions, add_cli_args, from_cli_args, option
+from bart_opt.options import EXCLUSIONS, EngineOptions, OptionConflict, add_cli_args, check_modes, from_cli_args, option
 from bart_opt.summarizer import Summarizer
 
 
@@ -102,7 +102,7 @@ def test_static_and_el_attention_are_flags_and_keywords_of_the_model(demo_checkp
     assert kwargs == {"exact": False, "fast": True, "static": False, "el_attention": False, "quantize": None, mode: True}
     assert getattr(Summarizer.from_pretrained(demo_checkpoint, device="cpu", **{mode: True}).model, mode) is True
     assert getattr(Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu")).model, mode) is False
-    with pytest.raises(ValueError, match=f"{mode} and exact exclude each other"):
+    with pytest.raises(ValueError, match=f"exact and {mode} exclude each other"):
         Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, **{mode: True})
 
 
@@ -118,3 +118,69 @@ def test_quantize_int8_is_a_flag_with_choices_and_a_keyword_of_the_model(demo_ch
     assert summarizer.model.quantize == "int8"
     with pytest.raises(ValueError, match="exclude each other"):
         Summarizer.from_pretrained(demo_checkpoint, device="cpu", exact=True, quantize="int8")
+
+
+# ---- the mode rules, stated once (EngineOptions.validate) ----------------------------------------------
+
+CONFLICTS = [  # (options, the two names the sentence gives, words of its reason)
+    ({"exact": True, "fast": True}, ("exact", "fast"), "fast mode's kernels"),
+    ({"exact": True, "static": True}, ("exact", "static"), "static search"),
+    ({"exact": True, "el_attention": True}, ("exact", "el_attention"), "EL-attention"),
+    ({"exact": True, "quantize": "int8"}, ("exact", "quantize"), "int8 products"),
+    ({"quantize": "int8", "device": "cuda"}, ("quantize", "device"), "CPU only"),
+    ({"quantize": "int8", "device": "cuda:1"}, ("quantize", "device"), "CPU only"),
+    ({"quantize": "int8", "device": "mps"}, ("quantize", "device"), "CPU only"),
+]
+
+
+@pytest.mark.parametrize(("given", "names", "why"), CONFLICTS)
+def test_options_that_exclude_each_other_are_one_sentence_naming_both(given, names, why):
+    options = EngineOptions(model="m", **given)  # each value alone is valid
+    for here in (True, False):  # a pure rule: refused on a Ray driver too
+        with pytest.raises(OptionConflict) as caught:
+            options.validate(here=here)
+        error = caught.value
+        assert error.names == names and why in error.reason
+        assert str(error).startswith(f"{names[0]} and {names[1]} exclude each other: ")
+        flags = error.naming(lambda name: "--" + name.replace("_", "-"))
+        assert flags.startswith(f"--{names[0].replace('_', '-')} and --{names[1].replace('_', '-')} exclude")
+        assert "\n" not in flags and flags.count(". ") == 0
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
+def test_a_device_this_machine_lacks_is_refused_only_where_the_model_is_loaded(device):
+    kind = device.split(":")[0]
+    present = torch.cuda.is_available() if kind == "cuda" else torch.backends.mps.is_available()
+    if present:
+        pytest.skip(f"this machine has {kind}")
+    with pytest.raises(InvalidRequest, match=f"'{device}' asked for, but .* not available here") as caught:
+        EngineOptions(model="m", device=device).validate()
+    assert caught.value.field == "device"
+    assert EngineOptions(model="m", device=device).validate(here=False).device == device
+
+
+def test_combinations_that_work_pass():
+    for given in ({}, {"fast": True, "static": True, "el_attention": True}, {"quantize": "int8", "fast": True},
+                  {"quantize": "int8", "el_attention": True, "device": "cpu"}, {"exact": True, "device": "cpu"}):
+        options = EngineOptions(model="m", **given)
+        assert options.validate() is options
+
+
+def test_every_exclusion_is_one_row_of_the_table_and_the_model_setters_use_it():
+    assert {(rule.first, rule.second) for rule in EXCLUSIONS} == {("exact", "fast"), ("exact", "static"),
+                                                                  ("exact", "el_attention"), ("exact", "quantize")}
+    with pytest.raises(OptionConflict, match="exact and fast exclude each other: fast is on; "):
+        check_modes({"fast": True, "exact": True}, turning_on="exact")
+    check_modes({"fast": True, "static": True, "el_attention": True, "quantize": "int8"})
+
+
+@pytest.mark.parametrize(("given", "names", "why"), CONFLICTS[:4])
+def test_the_library_refuses_them_before_it_reads_a_file(given, names, why, tmp_path):
+    from bart_opt.model import Bart
+
+    missing = str(tmp_path / "no-such-checkpoint")  # refused before the folder is looked at
+    with pytest.raises(OptionConflict) as caught:
+        Bart.from_pretrained(missing, device="cpu", **given)
+    assert caught.value.names == names
+    with pytest.raises(OptionConflict):
+        Summarizer.from_options(EngineOptions(model=missing, device="cpu", **given))

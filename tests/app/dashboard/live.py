@@ -16,6 +16,8 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
+from app.server import server_config
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -40,7 +42,8 @@ def launch_chromium(playwright):
 
 
 class LiveServer:
-    """`app` under uvicorn on 127.0.0.1 in a background thread (a context manager; waits for the model)."""
+    """`app` under uvicorn, configured as ``bart-opt serve`` configures it (`app.server.server_config`), on
+    127.0.0.1 in a background thread (a context manager; waits for the model)."""
 
     def __init__(self, app: FastAPI, ready_timeout: float = 120) -> None:
         self.app = app
@@ -49,7 +52,7 @@ class LiveServer:
         self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.ready_timeout = ready_timeout
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
+        config = server_config(app, app.state.settings, log_level="warning", lifespan="on")  # as bart-opt serve runs it
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="live-server",
                                        daemon=True)

@@ -106,9 +106,14 @@ def test_try_it_returns_the_summaries_of_the_api(site, page):
     page.locator("#try-num_beams").fill(str(FAST["num_beams"]))
     page.locator("#try-max_length").fill(str(FAST["max_length"]))
     page.locator("#try-min_length").fill(str(FAST["min_length"]))
+    page.get_by_role("button", name="Summarize").click()  # a reference for one text only: refused, at the field
+    page.get_by_role("alert").wait_for()
+    assert "references[1]: reference is empty" in page.get_by_role("alert").inner_text()
+    assert page.evaluate("document.activeElement.name") == "references[1]"
+    page.get_by_label("Reference 2 (optional)").fill("The team lost.")
     page.get_by_role("button", name="Summarize").click()
     page.wait_for_selector("#try-result .summary")
-    api = site.client.post("/summarize", json={"texts": texts, "references": ["The council voted.", ""],
+    api = site.client.post("/summarize", json={"texts": texts, "references": ["The council voted.", "The team lost."],
                                                "generation": FAST}).json()  # fmt: skip
     assert page.locator("#try-result .summary").all_text_contents() == api["summaries"]
     # Phase seconds, phase peaks, request timing; then memory and seconds at each decoder step.

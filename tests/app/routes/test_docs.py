@@ -7,7 +7,8 @@ import re
 import pytest
 
 from app.routes.dashboard import ASSETS as DASHBOARD_ASSETS
-from app.routes.dashboard import DASHBOARD_DIR, SECURITY_HEADERS
+from app.routes.dashboard import DASHBOARD_DIR
+from app.middleware import SECURITY_HEADERS
 from app.routes.docs import ASSETS, DOCS_DIR
 from tests.app.helpers import serving
 

@@ -45,7 +45,8 @@ def test_job_over_a_jsonl_file_succeeds_with_the_rouge_of_the_evaluate_command(a
     queued = response.json()
     assert response.headers["location"] == f"/evaluate/{queued['id']}"
     assert queued["status"] == "queued" and queued["progress"]["total"] == 4 and queued["progress"]["done"] == 0
-    assert queued["dataset"] == {"file": "cnn.jsonl"} and queued["limit"] == 4
+    assert queued["dataset"]["file"] == "cnn.jsonl" and queued["limit"] == 4
+    assert queued["dataset"]["fingerprint"]["size"] == path.stat().st_size  # the file as read (app.jobs.intake)
     assert queued["columns"] == {"text": "article", "summary": "highlights", "id": "id"}
 
     view = wait_for_job(app_client, queued["id"])

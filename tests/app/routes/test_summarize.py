@@ -59,6 +59,17 @@ def test_without_references_there_is_no_rouge(client):
     assert body["rouge"] is None and body["items"][0]["rouge"] is None
 
 
+@pytest.mark.parametrize("blank", ["", "   ", "\n\t"])
+def test_an_empty_reference_is_refused_naming_it_as_jobs_and_the_cli_refuse_it(client, blank):
+    texts = articles(2, seed=5)
+    refused = summarize(client, texts, ["the city voted on its budget", blank])
+    assert refused.status_code == 422
+    error = refused.json()["error"]
+    assert error["field"] == "references[1]" and error["code"] == "invalid_request"
+    assert error["message"].startswith("references[1]: reference is empty (or only white space)")
+    assert summarize(client, texts, ["the city voted on its budget", "the team lost"]).status_code == 200
+
+
 def test_generation_overrides_reach_the_model(client, direct):
     text = articles(1, seed=3)
     short = {"num_beams": 1, "max_length": 4, "min_length": 1}

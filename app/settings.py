@@ -188,6 +188,7 @@ class Settings(engine_settings()):
             self.rouge_settings()
         except InvalidRequest as error:
             raise ValueError(f"BART_OPT_ROUGE_{error.field.upper()}: {error.message}") from None
+        return self
 
     @model_validator(mode="after")
     def _check_engine_options(self) -> Settings:

@@ -385,6 +385,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     pool = ReplicaPool(config, options, name=args.model,
                        on_status=lambda message: print(f"bart-opt evaluate: {message}", file=sys.stderr))
     try:
+        pool.start()  # a cluster that cannot hold the replicas is refused before the run folder is touched
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
                                  source=source, overwrite=args.overwrite, baselines=baselines, rouge=rouge)
     except ClusterError as error:

@@ -282,7 +282,7 @@ def test_replicas_the_cluster_cannot_hold_are_refused_before_anything_starts(ray
             "all)") in capsys.readouterr().err
     assert main([*base, "--replicas", "3"]) == 2
     assert "the Ray cluster holds 2 replicas of 1 CPU, not 3" in capsys.readouterr().err
-    assert not (tmp_path / "run" / "predictions.jsonl").exists()
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
 
 def test_disconnect_waits_for_a_hung_ray_shutdown_at_most_its_bound(ray_cluster, monkeypatch):

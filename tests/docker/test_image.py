@@ -219,7 +219,7 @@ def test_a_container_that_exits_fails_the_wait_with_its_log(image):
             container.wait_ready()
     finally:
         container.remove()
-    assert "max_texts" in str(failure.value)
+    assert "BART_OPT_MAX_TEXTS" in str(failure.value)  # the setting, named as the operator set it
 
 
 def test_a_container_that_never_answers_fails_the_wait_at_its_deadline(image):

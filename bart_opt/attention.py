@@ -132,9 +132,11 @@ class Attention(nn.Module):
         if cache.rows is not None:  # indirect (the fast mode): only bart_opt's kernel follows its history table
             if q.shape[2] != 1:
                 raise RuntimeError("an indirect KVCache is read one new position at a time")
-            out = native.decode_attention(q, k, v, self.scaling, rows=cache.history(k.shape[2]))  # (N, H, 1, d)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=self.scaling)
+            out = native.decode_attention(q.to(k.dtype), k, v, self.scaling,
+                                          rows=cache.history(k.shape[2])).to(q.dtype)  # (N, H, 1, d)
+        else:  # a cache kept in another dtype (the int8 mode's bfloat16): the queries rounded to it, the output back
+            out = F.scaled_dot_product_attention(q.to(k.dtype), k, v, is_causal=q.shape[2] > 1,
+                                                 scale=self.scaling).to(q.dtype)
         return self.out_proj(self.merge(out))
 
     def keys_values(self, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -87,11 +87,15 @@ class SharedCrossAttention:
 
     @classmethod
     def build(cls, attns: Sequence, memory: torch.Tensor, attention_mask: torch.Tensor | None, beams: int = 1,
-              lazy: bool = False, fast: bool = False) -> SharedCrossAttention:
+              lazy: bool = False, fast: bool = False, state_dtype: torch.dtype | None = None,
+              kernel: bool = False) -> SharedCrossAttention:
         """State for the cross-attention modules `attns` (one per decoder layer) over encoder states
         `memory` (B, S, D) with (B, S) 0/1 `attention_mask` (None: nothing padded). `lazy`: project
         each layer's keys/values only when it runs (a single teacher-forced pass; such a state is
-        used once and not shrunk). `fast`: the fast mode's padded-key skipping and kernel."""
+        used once and not shrunk). `fast`: the fast mode's padded-key skipping and kernel.
+        `state_dtype`: keep the keys/values in that dtype (the int8 mode's bfloat16), not `memory`'s;
+        queries are rounded to it for the attention call (`Bart.state_dtype`). `kernel`: attend with bart_opt's
+        kernel (`Bart.uses_kernel`) where no key is masked (padded keys left out)."""
         b, s, _ = memory.shape
         skip = skips_padded_keys(memory.dtype, fast)
         packing = Packing(attention_mask, b, s, pack=skip)
@@ -99,17 +103,20 @@ class SharedCrossAttention:
         masks = [None if skip else packing.key_mask(i) for i in range(b)]  # (1, 1, 1, S) or None
 
         compact = stores_compact(memory)
+        stored = None if lazy else state_dtype  # a teacher-forced pass keeps the layers' own arithmetic
 
         def project(attn) -> list[InputKeysValues]:
             # One product per input, so that each input's tensors can be freed on their own.
             out = []
             for rows, mask in zip(packing.rows, masks):
                 k, v = attn.keys_values(packed[None, rows])  # (1, H, n_i, d) views of one fused product
+                if stored is not None and stored != k.dtype:
+                    k, v = (t.to(stored, memory_format=torch.contiguous_format) for t in (k, v))
                 out.append((k.contiguous(), v.contiguous(), mask) if compact else (k, v, mask))
             return out
 
         kv = LazyLayers(attns, project) if lazy else [project(attn) for attn in attns]
-        return cls(kv, beams, native_kernel=fast and bool(attns) and native.handles(memory, attns[0].head_dim))
+        return cls(kv, beams, native_kernel=kernel and skip and not lazy and bool(attns))
 
     def keep(self, rows: torch.Tensor) -> None:
         """Shrink to the inputs `rows` (B',); the others' keys/values are freed, nothing is copied."""
@@ -125,14 +132,16 @@ class SharedCrossAttention:
         # Rows of one input's beams are adjacent, so they fold into the query axis: each query
         # attends independently, and the keys/values are shared without a per-beam copy.
         q = attn.q_proj(x).view(b, self.beams * t, attn.heads, attn.head_dim).transpose(1, 2)  # (B, H, beams*T, d)
-        out = x.new_empty(b, self.beams * t, attn.heads, attn.head_dim)  # (B, beams*T, H, d)
+        state = per_input[0][0].dtype if per_input else x.dtype  # the keys/values' dtype
+        q = q.to(state)  # rounded to the state's dtype where it is another (the int8 mode's bfloat16)
+        out = x.new_empty(b, self.beams * t, attn.heads, attn.head_dim, dtype=state)  # (B, beams*T, H, d)
         for i, (k, v, mask) in enumerate(per_input):  # (1, H, n_i, d)
-            if self.native_kernel:  # the fast mode, which leaves padded keys out: no mask
+            if self.native_kernel:  # padded keys left out: no mask
                 native.decode_attention(q[i : i + 1], k, v, attn.scaling, out=out[i : i + 1].transpose(1, 2))
                 continue
             attended = F.scaled_dot_product_attention(q[i : i + 1], k, v, attn_mask=mask, scale=attn.scaling)
             out[i] = attended[0].transpose(0, 1)
-        return attn.out_proj(out.view(n, t, d_model))  # (B*beams, T, D)
+        return attn.out_proj(out.view(n, t, d_model).to(x.dtype))  # (B*beams, T, D)
 
 
 class BatchedCrossAttention:

@@ -225,6 +225,9 @@ class Bart(LoggingMixin, nn.Module):
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.quantize: str | None = None  # "int8" once `bart_opt.quantize` quantized it (at load)
         self.vocab_int8 = None  # the tied embedding quantized (`bart_opt.quantize.Int8Vocabulary`): `shared` is gone
+        # The dtype of the default search's attention state (cross keys/values, self-attention cache); None: the
+        # model's. The int8 mode sets it (`bart_opt.quantize.attention_state_dtype`).
+        self.state_dtype: torch.dtype | None = None
         self._exact = self._fast = self._static = self._el_attention = False
         self.exact, self.fast, self.static, self.el_attention = exact, fast, static, el_attention
         # Loading (`load_state_dict(assign=True)`) replaces the fused projections' parameters: fuse again.
@@ -455,7 +458,8 @@ class Bart(LoggingMixin, nn.Module):
         elif not packing_rules.attends_per_input(memory.device):
             build = BatchedCrossAttention.build
         else:
-            build = functools.partial(SharedCrossAttention.build, fast=self.fast)
+            build = functools.partial(SharedCrossAttention.build, fast=self.fast, state_dtype=self.state_dtype,
+                                      kernel=self.uses_kernel())
         if lazy:
             return build(attns, memory, attention_mask, beams, lazy=True)
         with self.log_phase("cross_kv"):
@@ -475,15 +479,23 @@ class Bart(LoggingMixin, nn.Module):
         logits = self.logits(hidden[:, -1])  # (B*beams, V)
         return logits.float() if out is None else out.copy_(logits)
 
+    def uses_kernel(self) -> bool:
+        """Whether the default search's decoding attention runs through bart_opt's own kernel (`bart_opt.native`):
+        in the fast mode, and in the int8 mode, whose attention state is bfloat16 (`Bart.state_dtype`), where the
+        kernel is built for this CPU (AVX512-BF16, or AVX2 and FMA)."""
+        c = self.config
+        state = torch.empty(0, dtype=self.state_dtype or self.dtype, device=self.device)
+        return (self.fast or self.state_dtype is not None) and native.handles(state, c.d_model // c.decoder_attention_heads)
+
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         """A preallocated decoder self-attention cache for `rows` sequences of up to `max_len` positions."""
         c = self.config
         head_dim = c.d_model // c.decoder_attention_heads
-        # The fast mode's kernel reads a beam's history through a row table: beam steps copy no keys/values.
-        indirect = self.fast and native.handles(self.final_logits_bias, head_dim)
+        # bart_opt's kernel reads a beam's history through a row table: beam steps copy no keys/values.
+        indirect = self.uses_kernel()
         return KVCache(
             c.decoder_layers, rows, c.decoder_attention_heads, max_len, head_dim,
-            dtype=self.dtype, device=self.device, indirect=indirect,
+            dtype=self.state_dtype or self.dtype, device=self.device, indirect=indirect,
         )
 
     @torch.inference_mode()

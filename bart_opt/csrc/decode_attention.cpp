@@ -1,12 +1,15 @@
-// bart_opt's attention kernel for decoding in bfloat16 on CPUs with AVX512-BF16 (fast mode).
+// bart_opt's attention kernel for decoding in bfloat16 on CPUs: AVX512-BF16 (the fast mode's), or AVX2 with FMA
+// (the fast mode and the int8 mode's bfloat16 attention state on CPUs without AVX512-BF16). One source, built twice
+// by bart_opt.native with each ISA's flags; the preprocessor picks the block below that the flags allow.
 //
 // A decoder step asks few queries of many keys: per (row, head), one query against the cached
 // positions (self-attention), or one input's beams against its encoder states (cross-attention).
 // torch's half-precision flash kernel spends most of such a call setting up per-head products.
 // This kernel takes up to 4 queries of a head at a time through its keys and values (16 keys a
-// step, their dot products summed across lanes in one transpose) and keeps every intermediate in
-// float32: scores (bfloat16 pairs multiplied and summed in float32 by
-// vdpbf16ps), softmax, the weighted sum of values; only the output is rounded to bfloat16, once.
+// step with AVX-512, 8 with AVX2, their dot products summed across lanes in one transpose) and keeps every
+// intermediate in float32: scores (bfloat16 pairs multiplied and summed in float32 by vdpbf16ps; with AVX2,
+// bfloat16 widened exactly to float32 by a shift and multiplied by FMA), softmax, the weighted sum of values;
+// only the output is rounded to bfloat16 (to nearest even), once.
 //
 // Inputs are strided views whose last dimension d (32, 64, 96 or 128; BART's is 64) is contiguous:
 //   q   (G, H, M, d)  queries
@@ -23,12 +26,24 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <vector>
 
 namespace {
 
 constexpr int64_t kQueryBlock = 4;  // queries taken through the keys and values together (one value row load)
+
+// Where key/value position j is: `base` plus j rows (`step` apart), plus `rows[j]` groups (`group` apart)
+// when a row table is given.
+struct Positions {
+  const uint16_t* base;
+  int64_t step, group;
+  const int32_t* rows;
+  const uint16_t* operator[](int64_t j) const { return base + j * step + (rows ? rows[j] * group : 0); }
+};
+
+#if defined(__AVX512BF16__)
 
 // exp(x) for x <= 0 (scores minus their maximum), to about one float32 ulp: 2^n * p(r) with
 // r = x - n*ln2 in [-ln2/2, ln2/2] and p the degree-7 Taylor polynomial of exp.
@@ -61,15 +76,6 @@ inline __m512 sum_lanes16(const __m512 x[16]) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(2, 0, 2, 0)),
                        _mm512_shuffle_f32x4(halves[0], halves[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
-
-// Where key/value position j is: `base` plus j rows (`step` apart), plus `rows[j]` groups (`group` apart)
-// when a row table is given.
-struct Positions {
-  const uint16_t* base;
-  int64_t step, group;
-  const int32_t* rows;
-  const uint16_t* operator[](int64_t j) const { return base + j * step + (rows ? rows[j] * group : 0); }
-};
 
 // Attention of up to kQueryBlock queries (rows `qs` apart) over N keys/values of one head of width D;
 // `scores` holds kQueryBlock * N floats.
@@ -130,6 +136,124 @@ void attend_block(const uint16_t* q, int64_t qs, int64_t mb, const Positions& k,
                           (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[m][c], inverse)));
   }
 }
+
+#else  // AVX2 and FMA
+
+// exp(x) for x <= 0 as above, 8 lanes: 2^n by the exponent field (n >= -126 once x >= -87: a normal float).
+inline __m256 exp_nonpositive(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(-87.0f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.f / 5040);
+  for (const float c : {1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i scale = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(scale));  // a NaN x made p NaN: it stays NaN
+}
+
+// Lane i of the result: the sum of the 8 lanes of x[i].
+inline __m256 sum_lanes8(const __m256 x[8]) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(x[0], x[1]), _mm256_hadd_ps(x[2], x[3]));  // x0..x3 | x0..x3
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(x[4], x[5]), _mm256_hadd_ps(x[6], x[7]));  // x4..x7 | x4..x7
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+inline float reduce_add8(__m256 x) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// 8 bfloat16 values widened to float32 (exactly: a bfloat16 is the top half of a float32).
+inline __m256 widen8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+
+// float32 rounded to bfloat16, to nearest even (NaN kept a quiet NaN).
+inline uint16_t round_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return uint16_t((bits >> 16) | 0x40);
+  return uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// Attention of up to kQueryBlock queries (rows `qs` apart) over N keys/values of one head of width D;
+// `scores` holds kQueryBlock * N floats.
+template <int D>
+void attend_block(const uint16_t* q, int64_t qs, int64_t mb, const Positions& k, const Positions& v, int64_t n,
+                  float scale, uint16_t* out, int64_t os, float* scores) {
+  constexpr int kFloats = D / 8;  // 256-bit registers of a row in float32
+  __m256 qr[kQueryBlock][kFloats];  // each query's D values, widened
+  for (int64_t m = 0; m < mb; ++m)
+    for (int c = 0; c < kFloats; ++c) qr[m][c] = widen8(q + m * qs + 8 * c);
+  float top[kQueryBlock];
+  for (auto& t : top) t = -INFINITY;
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {  // scores (mb, N), 8 keys at a time
+    const int64_t count = std::min<int64_t>(8, n - j0);
+    __m256 key[8][kFloats];
+    for (int64_t jj = 0; jj < count; ++jj)
+      for (int c = 0; c < kFloats; ++c) key[jj][c] = widen8(k[j0 + jj] + 8 * c);
+    for (int64_t m = 0; m < mb; ++m) {
+      __m256 dots[8];  // per key: lane-wise products with the query, summed over the row's registers
+      for (int64_t jj = 0; jj < 8; ++jj) {
+        dots[jj] = _mm256_setzero_ps();
+        if (jj < count)
+          for (int c = 0; c < kFloats; ++c) dots[jj] = _mm256_fmadd_ps(qr[m][c], key[jj][c], dots[jj]);
+      }
+      alignas(32) float block[8];
+      _mm256_store_ps(block, _mm256_mul_ps(sum_lanes8(dots), _mm256_set1_ps(scale)));
+      for (int64_t jj = 0; jj < count; ++jj) {
+        scores[m * n + j0 + jj] = block[jj];
+        top[m] = std::max(top[m], block[jj]);
+      }
+    }
+  }
+  float total[kQueryBlock];
+  for (int64_t m = 0; m < mb; ++m) {  // scores -> exp(score - max), and their sum
+    float* row = scores + m * n;
+    const __m256 max = _mm256_set1_ps(top[m]);
+    __m256 sum = _mm256_setzero_ps();
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+      const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + j), max));
+      _mm256_storeu_ps(row + j, e);
+      sum = _mm256_add_ps(sum, e);
+    }
+    total[m] = reduce_add8(sum);
+    if (j < n) {  // the last keys, through the same 8-lane exp
+      alignas(32) float tail[8] = {0};
+      for (int64_t jj = j; jj < n; ++jj) tail[jj - j] = row[jj] - top[m];
+      alignas(32) float e[8];
+      _mm256_store_ps(e, exp_nonpositive(_mm256_load_ps(tail)));
+      for (int64_t jj = j; jj < n; ++jj) {
+        row[jj] = e[jj - j];
+        total[m] += e[jj - j];
+      }
+    }
+  }
+  __m256 acc[kQueryBlock][kFloats];  // (mb, D) float32 weighted sums of the values
+  for (auto& a : acc) for (auto& part : a) part = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 value[kFloats];  // value row j widened to float32 (exact)
+    for (int c = 0; c < kFloats; ++c) value[c] = widen8(v[j] + 8 * c);
+    for (int64_t m = 0; m < mb; ++m) {
+      const __m256 weight = _mm256_set1_ps(scores[m * n + j]);
+      for (int c = 0; c < kFloats; ++c) acc[m][c] = _mm256_fmadd_ps(weight, value[c], acc[m][c]);
+    }
+  }
+  for (int64_t m = 0; m < mb; ++m) {  // normalize, round to bfloat16 once
+    const __m256 inverse = _mm256_set1_ps(1.f / total[m]);
+    for (int c = 0; c < kFloats; ++c) {
+      alignas(32) float lane[8];
+      _mm256_store_ps(lane, _mm256_mul_ps(acc[m][c], inverse));
+      for (int i = 0; i < 8; ++i) out[m * os + 8 * c + i] = round_bf16(lane[i]);
+    }
+  }
+}
+
+#endif
 
 template <int D>
 void run(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& out, double scale,

@@ -13,11 +13,25 @@ from bart_opt import native
 
 
 
-@pytest.fixture(scope="module")
-def built():
-    """Skips where the kernel cannot run: a CPU without AVX512-BF16, or no C++ compiler (warned by native)."""
+@pytest.fixture(params=["avx512_bf16", "avx2"])
+def isa(request):
+    """Each build of the kernel this CPU can execute (an AVX512-BF16 CPU runs both), picked as `native.kernel`'s;
+    the tests that need a build skip where this one cannot run here."""
+    runnable = native.runnable_isas()  # the CPU's own answer, before the patch
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(native, "kernel_isa", lambda: request.param)
+        patch.setattr(native, "runnable_isas", lambda: runnable)
+        yield request.param
+
+
+@pytest.fixture
+def built(isa):
+    """Skips where this build cannot run: a CPU without its instructions, or no C++ compiler (warned by
+    native)."""
+    if isa not in native.runnable_isas():
+        pytest.skip(f"this CPU cannot run the kernel's {isa} build")
     if native.kernel() is None:
-        pytest.skip("bart_opt's attention kernel is not available here (no AVX512-BF16 or no compiler)")
+        pytest.skip(f"bart_opt's attention kernel ({isa}) could not be built here (see the warning)")
 
 
 needs_kernel = pytest.mark.usefixtures("built")
@@ -148,18 +162,18 @@ def test_handles_bfloat16_cpu_heads_of_the_built_widths_only():
 
 @pytest.fixture
 def fresh_kernel():
-    """`native.kernel` forgets its answer before and after the test (the real build stays cached on disk)."""
-    native.kernel.cache_clear()
+    """`native.build` forgets its answers before and after the test (the real builds stay cached on disk)."""
+    native.build.cache_clear()
     yield
-    native.kernel.cache_clear()
+    native.build.cache_clear()
 
 
-def test_without_avx512_bf16_there_is_no_kernel_and_a_warning(fresh_kernel, monkeypatch, caplog):
-    monkeypatch.setattr(native, "cpu_has_avx512_bf16", lambda: False)
+def test_without_avx512_bf16_or_avx2_there_is_no_kernel_and_a_warning(fresh_kernel, monkeypatch, caplog):
+    monkeypatch.setattr(native, "kernel_isa", lambda: None)
     with caplog.at_level(logging.WARNING, logger="bart_opt.native"):
         assert native.kernel() is None
         assert not native.handles(torch.zeros(1, dtype=torch.bfloat16), 64)
-    assert "lacks AVX512-BF16" in caplog.text
+    assert "lacks AVX512-BF16 and AVX2" in caplog.text
     q, k, v = _inputs(1, 2, 1, 8, 64)
     with pytest.raises(RuntimeError, match="not available here"):
         native.decode_attention(q, k, v, 0.125)
@@ -171,8 +185,18 @@ def test_a_failed_build_falls_back_with_the_reason(fresh_kernel, monkeypatch, ca
     def no_compiler(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions\nmore lines")
 
-    monkeypatch.setattr(native, "cpu_has_avx512_bf16", lambda: True)
+    monkeypatch.setattr(native, "kernel_isa", lambda: "avx2")
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_compiler)
     with caplog.at_level(logging.WARNING, logger="bart_opt.native"):
         assert native.kernel() is None
     assert "building bart_opt's attention kernel failed (Ninja is required to load C++ extensions)" in caplog.text
+
+
+def test_the_build_follows_the_cpu(monkeypatch):
+    from bart_opt import hardware
+
+    cpu = hardware.probe()
+    expected = "avx512_bf16" if native.cpu_has_avx512_bf16() else "avx2" if "avx2" in cpu.flags else None
+    assert native.kernel_isa() == expected
+    assert native.runnable_isas() == {"avx512_bf16": ("avx512_bf16", "avx2"), "avx2": ("avx2",), None: ()}[expected]
+    assert set(native.BUILDS) == {"avx512_bf16", "avx2"} and native.BUILDS["avx2"][1] == ["-mavx2", "-mfma"]

@@ -1,14 +1,25 @@
 """bart_opt: a memory-optimized BART; with `exact=True` it generates exactly what transformers generates."""
 
+from importlib.metadata import PackageNotFoundError, version
+
 from bart_opt.errors import InvalidRequest
-from bart_opt.model import Bart
 from bart_opt.spec import GenerationSpec
 
-__all__ = ["Bart", "GenerationSpec", "InvalidRequest", "Summarizer"]
+try:
+    __version__ = version("bart-opt")  # the one version: pyproject's, through the package metadata
+except PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = ["Bart", "GenerationSpec", "InvalidRequest", "Summarizer", "__version__"]
 
 
 def __getattr__(name):
-    # The pipeline pulls in tokenizers and ROUGE; load it only when asked for.
+    # The model pulls in torch and the pipeline tokenizers and ROUGE: load them only when asked for,
+    # so that `bart-opt --help` and `--version` start without torch.
+    if name == "Bart":
+        from bart_opt.model import Bart
+
+        return Bart
     if name == "Summarizer":
         from bart_opt.summarizer import Summarizer
 

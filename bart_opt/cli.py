@@ -91,7 +91,10 @@ def _one_line(error: BaseException | str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from bart_opt import __version__
+
     parser = argparse.ArgumentParser(prog="bart-opt", description="Memory-optimized BART summarization.")
+    parser.add_argument("--version", action="version", version=f"bart-opt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     summarize = sub.add_parser("summarize", help="summarize JSONL texts ({'text'} or {'id','text'}) to JSONL")

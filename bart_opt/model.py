@@ -483,9 +483,11 @@ class Bart(LoggingMixin, nn.Module):
         """Whether the default search's decoding attention runs through bart_opt's own kernel (`bart_opt.native`):
         in the fast mode, and in the int8 mode, whose attention state is bfloat16 (`Bart.state_dtype`), where the
         kernel is built for this CPU (AVX512-BF16, or AVX2 and FMA)."""
+        if not (self.fast or self.state_dtype is not None):
+            return False
         c = self.config
         state = torch.empty(0, dtype=self.state_dtype or self.dtype, device=self.device)
-        return (self.fast or self.state_dtype is not None) and native.handles(state, c.d_model // c.decoder_attention_heads)
+        return native.handles(state, c.d_model // c.decoder_attention_heads)
 
     def new_cache(self, rows: int, max_len: int) -> KVCache:
         """A preallocated decoder self-attention cache for `rows` sequences of up to `max_len` positions."""

@@ -46,7 +46,8 @@ def main() -> None:
             print(f"  run {r+1} {name} uses_kernel={model.uses_kernel()} {times[name][-1]:.2f} s", flush=True)
     a, b = min(times["float32 state"]), min(times["bfloat16 state"])
     same = sum(torch.equal(x, y) for x, y in zip(outs["float32 state"], outs["bfloat16 state"]))
-    print(json.dumps({"float32_state_s": a, "bfloat16_state_s": b, "speedup": a / b, "rows_identical": f"{same}/{len(docs)}"}))
+    print(json.dumps({"float32_state_s": a, "bfloat16_state_s": b, "speedup": a / b,
+                      "rows_identical": f"{same}/{len(docs)}"}))
 
 
 if __name__ == "__main__":

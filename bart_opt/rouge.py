@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from bart_opt.errors import InvalidRequest
 from bart_opt.rouge_text import (
     TOKENIZERS, UnicodeWordTokenizer, check_language, make_tokenizer, split_sentences, splitter_name, stemmer_name,
 )
+from bart_opt.scoring.base import CONFIDENCE, bootstrap_interval, mean
 
 try:
     from rouge_score_rs import rouge_scorer as fast_rouge
@@ -58,7 +58,6 @@ DEFAULT_ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 MEASURES = ("precision", "recall", "fmeasure")
 BACKENDS = {"rouge-score-rs": fast_rouge, "rouge-score": reference_rouge}
 DEFAULT_BACKEND = "rouge-score-rs" if fast_rouge is not None else "rouge-score"
-CONFIDENCE = 0.95
 POINT_ESTIMATE = "mean"  # what ``mid`` is: the mean over examples (see the module docstring)
 CUSTOM = "custom"  # the tokenizer of a scorer given a tokenizer object: recorded, not rebuilt
 
@@ -357,22 +356,7 @@ class RougeScorer:
 
     def _bootstrap(self, matrix: np.ndarray) -> np.ndarray:
         """Percentiles (low, high) of bootstrap means; returns shape (2, K)."""
-        n, k = matrix.shape
-        rng = np.random.default_rng(self.seed)
-        means = np.empty((self.bootstrap_samples, k))  # (S, K)
-        # Resample in chunks so memory stays near a few million floats for any N.
-        chunk = max(1, 2_000_000 // (n * k))
-        for start in range(0, self.bootstrap_samples, chunk):
-            stop = min(start + chunk, self.bootstrap_samples)
-            idx = rng.integers(0, n, size=(stop - start, n))  # (s, N)
-            means[start:stop] = matrix[idx].mean(axis=1)  # (s, N, K) -> (s, K)
-        tail = 100 * (1 - CONFIDENCE) / 2
-        return np.percentile(means, [tail, 100 - tail], axis=0)  # (2, K)
-
-
-def mean(values: Sequence[float] | np.ndarray) -> float:
-    """The point estimate of per-example scores: their mean, summed exactly (order does not matter)."""
-    return math.fsum(float(v) for v in values) / len(values)
+        return bootstrap_interval(matrix, self.bootstrap_samples, self.seed)
 
 
 __all__ = ["BACKENDS", "CONFIDENCE", "DEFAULT_BACKEND", "DEFAULT_ROUGE_TYPES", "INTERVAL_FIELDS", "MEASURES",

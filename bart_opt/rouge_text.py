@@ -40,9 +40,9 @@ import unicodedata
 from collections.abc import Callable
 
 import regex
-from nltk.stem.porter import PorterStemmer
-from nltk.stem.snowball import SnowballStemmer
-from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
+# nltk is imported where a stemmer or a sentence splitter is first asked for, not here: its package
+# pulls in seconds of imports, which the command line's parser (`TOKENIZERS`, `LANGUAGES`) does not need.
 
 TOKENIZERS = ("default", "unicode", "script")
 
@@ -108,6 +108,9 @@ def stemmer(lang: str, use_stemmer: bool = True) -> Callable[[str], str] | None:
     name = stemmer_name(lang, use_stemmer)
     if name == "none":
         return None
+    from nltk.stem.porter import PorterStemmer
+    from nltk.stem.snowball import SnowballStemmer
+
     stem = PorterStemmer().stem if name == "porter" else SnowballStemmer(name.removeprefix("snowball-")).stem
     return functools.lru_cache(maxsize=_STEM_CACHE)(stem)
 
@@ -153,14 +156,14 @@ def coverage(tokenizer: str, text: str) -> tuple[int, int]:
     return sum(1 for c in letters if _ASCII_WORD_CHAR.fullmatch(c.lower())), len(letters)
 
 
-def _punkt(abbreviations: frozenset[str]) -> PunktSentenceTokenizer:
+@functools.cache
+def _punkt(english: bool):
+    """Punkt with untrained parameters: with the English abbreviations for English, else with none."""
+    from nltk.tokenize.punkt import PunktParameters, PunktSentenceTokenizer
+
     params = PunktParameters()
-    params.abbrev_types = set(abbreviations)
+    params.abbrev_types = set(ENGLISH_ABBREVIATIONS if english else ())
     return PunktSentenceTokenizer(params)
-
-
-_ENGLISH_PUNKT = _punkt(ENGLISH_ABBREVIATIONS)
-_PLAIN_PUNKT = _punkt(frozenset())
 
 
 def splitter_name(lang: str) -> str:
@@ -179,7 +182,7 @@ def split_sentences(text: str, lang: str = "en") -> list[str]:
     if not isinstance(text, str):
         raise TypeError(f"split_sentences expects a str, got {type(text).__name__}")
     english = check_language(lang) == "en"
-    punkt = _ENGLISH_PUNKT if english else _PLAIN_PUNKT
+    punkt = _punkt(english)
     sentences = []
     for line in text.splitlines():
         for sentence in punkt.tokenize(line):

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bart_opt.errors import InvalidRequest
+from bart_opt.extras import MissingExtra, require
 from bart_opt.options import OptionConflict, add_cli_args, from_cli_args
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f"--{error.field.replace('_', '-')}" if named else error.field
         print(f"bart-opt {args.command}: error: {where}: {_one_line(error.message)}", file=sys.stderr)
         return EXIT_USAGE
-    except (CliError, ValueError, FileNotFoundError, OSError) as error:
+    except (CliError, MissingExtra, ValueError, FileNotFoundError, OSError) as error:
         print(f"bart-opt {args.command}: error: {_one_line(error)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -480,7 +481,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Start the HTTP service (imported only here: bart_opt never imports FastAPI otherwise).
 
     Options left out come from the service's settings (``BART_OPT_*`` environment variables).
+    Without the serve extra, `MissingExtra` names it (exit 2) before anything is imported.
     """
+    require("serve", "the service")
     from pydantic import ValidationError
 
     from app.settings import setting_name

@@ -6,8 +6,8 @@ and multiplies bfloat16 natively, and one for AVX2 with FMA, which widens bfloat
 AVX2 CPU: AMD Zen 1-3, Intel since Haswell). `kernel_isa` picks the best this CPU runs; torch's extension
 builder compiles it the first time it is asked for (30-90 s, then cached by torch under `TORCH_EXTENSIONS_DIR`,
 by default `~/.cache/torch_extensions`). Where the CPU has neither (or a limit keeps torch below AVX2:
-`bart_opt.hardware`), or the build fails (no C++ compiler), the modes log why once and run torch's attention
-kernel instead: only the speed differs.
+`bart_opt.hardware`), or it cannot be built (no ninja, which the ``fast`` extra installs, or no C++ compiler),
+the modes log why once and run torch's attention kernel instead: only the speed differs.
 
 The kernel spreads its (row, head) pairs over torch's intra-op threads (`torch.set_num_threads`;
 the module's `parallel_threads()` says how many its loop runs on), each pair on one thread in one
@@ -81,8 +81,12 @@ def build(isa: str | None):
         log.warning("bart_opt's attention kernel: this CPU lacks AVX512-BF16 and AVX2 (or torch is limited below "
                     "them); decoding attention uses torch's kernel")
         return None
-    from torch.utils.cpp_extension import load
+    from torch.utils.cpp_extension import is_ninja_available, load
 
+    if not is_ninja_available():
+        log.warning("bart_opt's attention kernel needs ninja to build (pip install 'bart-opt[fast]'); decoding "
+                    "attention uses torch's kernel")
+        return None
     name, flags = BUILDS[isa]
     try:
         # -fopenmp: at::parallel_for is OpenMP code in torch's headers; without it the kernel runs on one

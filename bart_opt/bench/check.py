@@ -9,7 +9,7 @@ It builds random checkpoints (nothing is downloaded) and runs, on the chosen dev
    capped (`torch.cuda.set_per_process_memory_fraction`); elsewhere the failure is injected;
 3. memory: the seed's table, forward and 9-step generate against transformers
    (`bart_opt.bench`), at bart-large shape in float32 and float16 on CUDA;
-4. service: one request to the HTTP service, in process.
+4. service: one request to the HTTP service, in process (skipped without the serve extra).
 
 On a CPU it first names the processor (`bart_opt.hardware`: its model, the ISA torch runs on,
 `torch.backends.cpu.get_cpu_capability()`, and the AVX-512 VNNI / BF16 and AMX flags) and says which
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from bart_opt import hardware
+from bart_opt import extras, hardware
 from bart_opt.bench.fidelity import Workload, measure_dtype
 from bart_opt.bench.fidelity import build_checkpoint as build_fidelity_checkpoint
 
@@ -179,7 +179,11 @@ def check_memory(device: torch.device, plan: Plan, workdir: Path) -> list[Outcom
 
 
 def check_service(device: torch.device, workdir: Path) -> Outcome:
-    """One POST /summarize against the app, in process, on the demo checkpoint."""
+    """One POST /summarize against the app, in process, on the demo checkpoint; skipped (and said so) without
+    the serve extra."""
+    if absent := extras.missing("serve"):
+        return Outcome("service", True, f"skipped: {extras.MissingExtra('the service check', 'serve', absent)}",
+                       {"skipped": True})
     from fastapi.testclient import TestClient
 
     from app.main import create_app
@@ -238,7 +242,8 @@ def format_table(device: torch.device, outcomes: list[Outcome]) -> str:
                   *(f"| {mode} | {verdict} |" for mode, verdict in hardware.fast_modes(cpu).items()), ""]
     lines += ["| check | result | detail |", "|---|---|---|"]
     for o in outcomes:
-        lines.append(f"| {o.name} | {'pass' if o.ok else '**FAIL**'} | {o.detail} |")
+        result = "skipped" if o.data.get("skipped") else "pass" if o.ok else "**FAIL**"
+        lines.append(f"| {o.name} | {result} | {o.detail} |")
     return "\n".join(lines)
 
 

@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from bart_opt import hardware
+from bart_opt import extras, hardware
 from bart_opt.bench.isa import ISAS
 from bart_opt.bench.workloads import CNN_SETTINGS, DEFAULT_MAX_LEN, SIZES, STEP_SETTINGS, build_random_checkpoint
 from bart_opt.memory import MemoryLog, format_bytes, measure
@@ -505,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
 def _bench(args) -> int:
     if args.peers:
         return _bench_peers(args)
+    if args.plot_path and (absent := extras.missing("bench")):  # before the runs, not after them
+        print(f"bart-opt bench: error: {extras.MissingExtra('--plot', 'bench', absent)}", file=sys.stderr)
+        return 2
     device = resolve_device(args.device)
     dtype = getattr(torch, args.dtype)
     with tempfile.TemporaryDirectory(prefix="bart-opt-bench-") as tmp:

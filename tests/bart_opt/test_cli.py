@@ -199,6 +199,17 @@ def test_serve_hands_its_options_to_the_service(monkeypatch):
     assert seen == {"model": "some/model", "host": "0.0.0.0", "port": 9001}
 
 
+def test_serve_without_the_serve_extra_names_it_in_one_line(monkeypatch, capsys):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "fastapi" else real(name, *a))
+    monkeypatch.setitem(sys.modules, "app.server", None)  # an import of the service would raise
+    assert main(["serve"]) == 2
+    assert capsys.readouterr().err == ("bart-opt serve: error: the service needs fastapi, which this installation "
+                                       "lacks: pip install 'bart-opt[serve]'\n")
+
+
 def run_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
     """`python -X importtime -m bart_opt.cli ...` offline; -X importtime lists every import on stderr."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}

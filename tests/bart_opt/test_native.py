@@ -192,6 +192,21 @@ def test_a_failed_build_falls_back_with_the_reason(fresh_kernel, monkeypatch, ca
     assert "building bart_opt's attention kernel failed (Ninja is required to load C++ extensions)" in caplog.text
 
 
+def test_without_ninja_there_is_no_kernel_and_the_warning_names_the_extra(fresh_kernel, monkeypatch, caplog):
+    import torch.utils.cpp_extension
+
+    def never(*args, **kwargs):
+        raise AssertionError("the build was started without ninja")
+
+    monkeypatch.setattr(native, "kernel_isa", lambda: "avx2")
+    monkeypatch.setattr(torch.utils.cpp_extension, "is_ninja_available", lambda: False)
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", never)
+    with caplog.at_level(logging.WARNING, logger="bart_opt.native"):
+        assert native.kernel() is None
+        assert not native.handles(torch.zeros(1, dtype=torch.bfloat16), 64)
+    assert "needs ninja to build (pip install 'bart-opt[fast]')" in caplog.text
+
+
 def test_the_build_follows_the_cpu(monkeypatch):
     from bart_opt import hardware
 

@@ -6,7 +6,8 @@ import json
 
 import torch
 
-from bart_opt import hardware
+from bart_opt import extras, hardware
+from bart_opt.bench import check
 from bart_opt.cli import main
 
 
@@ -70,3 +71,12 @@ def test_cuda_memory_cap_accepts_a_device_without_an_index(monkeypatch):
     assert outcome.ok, outcome.detail
     assert fractions == [(1000 + 3000) / 10**6, 1.0], "capped at the weights plus 3/4 of the batch, then restored"
     assert calls == [2, 2]
+
+
+def test_without_the_serve_extra_the_service_line_is_skipped_and_names_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(extras, "missing", lambda extra: ["fastapi", "uvicorn"] if extra == "serve" else [])
+    outcome = check.check_service(torch.device("cpu"), tmp_path)
+    assert outcome.ok and outcome.data == {"skipped": True} and not list(tmp_path.iterdir())
+    assert outcome.detail == ("skipped: the service check needs fastapi, uvicorn, which this installation lacks: "
+                              "pip install 'bart-opt[serve]'")
+    assert f"| service | skipped | {outcome.detail} |" in check.format_table(torch.device("cpu"), [outcome])

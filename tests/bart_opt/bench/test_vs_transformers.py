@@ -146,3 +146,13 @@ def test_static_adds_its_engine_row_and_a_throughput_table(tmp_path, capsys):
     assert "| throughput_cnn | static |" in printed
     docs = rows["bart_opt_static", "throughput_cnn"]["samples_per_s"]
     assert f"| bart_opt_static | {docs:.2f} |" in printed and "| n/a | n/a | n/a | n/a |" in printed
+
+
+def test_plot_without_matplotlib_is_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    from bart_opt import extras
+
+    monkeypatch.setattr(extras, "missing", lambda extra: ["matplotlib"] if extra == "bench" else [])
+    monkeypatch.setattr(bench, "build_random_checkpoint", lambda *a: (_ for _ in ()).throw(AssertionError("ran")))
+    assert bench.main(["--size", "tiny", "--device", "cpu", "--plot", str(tmp_path / "bench.png")]) == 2
+    assert capsys.readouterr().err == ("bart-opt bench: error: --plot needs matplotlib, which this installation "
+                                       "lacks: pip install 'bart-opt[bench]'\n")

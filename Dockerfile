@@ -48,11 +48,13 @@ RUN if python3 -c "import torch" 2>/dev/null; then \
     fi
 
 WORKDIR /opt/bart-opt
-# The dependencies first, from pyproject.toml alone, so a change to the code does not reinstall them; with
-# the postgres extra's, for BART_OPT_DB=postgresql://... (issue 28; none yet on a branch without it).
+# The dependencies first, from pyproject.toml alone, so a change to the code does not reinstall them: the
+# core's and those of the extras the image runs: serve (the service), fast (ninja, which builds the kernel with
+# the g++ above) and postgres (for BART_OPT_DB=postgresql://..., issue 28).
 COPY pyproject.toml ./
 RUN python -c 'import tomllib; project = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-      print("\n".join(project["dependencies"] + project.get("optional-dependencies", {}).get("postgres", [])))' \
+      extras = project["optional-dependencies"]; \
+      print("\n".join(project["dependencies"] + [r for e in ("serve", "fast", "postgres") for r in extras[e]]))' \
       > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt \
  && rm /tmp/requirements.txt

@@ -25,7 +25,10 @@ before anything is loaded. The command line calls it after parsing (``--exact --
 the service's settings when they are read (``BART_OPT_EXACT=true BART_OPT_FAST=true bart-opt
 serve``: exit 2), `bart_opt.Summarizer.from_options` and `bart_opt.Bart.from_pretrained` before
 they read a file, a Ray pool on its driver and each replica before its load. `Bart`'s mode
-setters (``model.exact = True``) apply the same table.
+setters (``model.exact = True``) apply the same table. Each surface names the two options in its
+own spelling through `OptionConflict.naming`: `cli_flag` (the flag `add_cli_args` made) on the
+command line, ``BART_OPT_<FIELD>`` in the service. The table in prose: docs/engine.md, "Which modes
+go together".
 """
 
 from __future__ import annotations

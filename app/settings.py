@@ -237,8 +237,10 @@ class Settings(engine_settings()):
 
 
 def setting_name(field: str) -> str:
-    """The environment variable of settings field `field`: ``exact`` -> ``BART_OPT_EXACT``."""
-    return f"BART_OPT_{field.upper()}"
+    """The environment variable of settings field `field`, as pydantic-settings reads it (the prefix of
+    `Settings.model_config`): ``exact`` -> ``BART_OPT_EXACT``. The service's one spelling of an option, in
+    every refusal (`bart_opt.options.OptionConflict.naming`)."""
+    return f"{Settings.model_config['env_prefix']}{field.upper()}"
 
 
 def get_settings(request: Request) -> Settings:

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.options import OptionConflict, add_cli_args, from_cli_args
+from bart_opt.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 EXIT_USAGE = 2
@@ -52,11 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _validate_engine_options(args)
         return args.func(args) or 0
     except OptionConflict as error:
-        print(f"bart-opt {args.command}: error: {error.naming(_flag)}", file=sys.stderr)
+        print(f"bart-opt {args.command}: error: {error.naming(cli_flag)}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequest as error:
         named = error.field in REQUEST_OPTIONS or error.field in vars(args)  # a field that is one of our options
-        where = f"--{error.field.replace('_', '-')}" if named else error.field
+        where = cli_flag(error.field) if named else error.field
         print(f"bart-opt {args.command}: error: {where}: {_one_line(error.message)}", file=sys.stderr)
         return EXIT_USAGE
     except (CliError, ValueError, FileNotFoundError, OSError) as error:
@@ -66,10 +66,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "; rerun the same command to resume" if args.command == "evaluate" else ""
         print(f"bart-opt {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def _validate_engine_options(args: argparse.Namespace) -> None:

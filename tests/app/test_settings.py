@@ -159,6 +159,19 @@ SERVE_CONFLICTS = [
 ]
 
 
+SERVE_CONFLICTS_BY_NAMES = [  # the whole sentences of the three the issue shows
+    (("BART_OPT_EXACT", "BART_OPT_STATIC"), "BART_OPT_EXACT and BART_OPT_STATIC exclude each other: exact mode gives "
+     "every kernel transformers' inputs so that its ids equal transformers' bit for bit, and the static search runs "
+     "fixed shapes with another attention layout; turn one of them off"),
+    (("BART_OPT_EXACT", "BART_OPT_QUANTIZE"), "BART_OPT_EXACT and BART_OPT_QUANTIZE exclude each other: exact mode "
+     "gives every kernel transformers' inputs so that its ids equal transformers' bit for bit, and int8 products "
+     "round differently from transformers' float ones; turn one of them off"),
+    (("BART_OPT_QUANTIZE", "BART_OPT_DEVICE"), "BART_OPT_QUANTIZE and BART_OPT_DEVICE exclude each other: int8 runs on "
+     "a CPU only (torch's int8 dynamic-quantized linear is a CPU kernel); on cuda use dtype float16 or bfloat16 "
+     "instead, or device cpu"),
+]
+
+
 @pytest.mark.parametrize(("environment", "sentence"), SERVE_CONFLICTS)
 def test_conflicting_engine_settings_make_serve_exit_2_with_one_sentence(environment, sentence, monkeypatch, capsys,
                                                                          tmp_path):
@@ -184,6 +197,24 @@ def test_a_device_the_machine_lacks_makes_serve_exit_2(device, monkeypatch, caps
     monkeypatch.setenv("BART_OPT_DEVICE", device)
     assert main(["serve", "--model", str(tmp_path / "no-such-checkpoint"), "--port", "0"]) == 2
     assert capsys.readouterr().err.strip().startswith(f"bart-opt serve: error: BART_OPT_DEVICE: '{device}' asked for, but")
+
+
+@pytest.mark.parametrize("environment", [{"BART_OPT_EXACT": "true", "BART_OPT_STATIC": "true"},
+                                         {"BART_OPT_EXACT": "true", "BART_OPT_QUANTIZE": "int8"},
+                                         {"BART_OPT_QUANTIZE": "int8", "BART_OPT_DEVICE": "cuda"}])
+def test_bart_opt_serve_refuses_a_combination_before_the_weights_are_read(environment, unreadable_checkpoint,
+                                                                           tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    sentence = dict(SERVE_CONFLICTS_BY_NAMES)[tuple(environment)]
+    env = {**os.environ, **environment, "BART_OPT_DB": str(tmp_path / "jobs.db")}
+    run = subprocess.run([sys.executable, "-m", "bart_opt.cli", "serve", "--model", unreadable_checkpoint, "--port",
+                          "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [f"bart-opt serve: error: {sentence}"]  # not the damaged model.safetensors
+    assert not (tmp_path / "jobs.db").exists()
 
 
 def test_bart_opt_serve_with_exact_and_fast_exits_2_before_loading_anything(tmp_path):

@@ -362,6 +362,26 @@ def test_engine_flags_that_exclude_each_other_exit_2_before_any_record_or_weight
         assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(("flags", "sentence"), [
+    (["--exact", "--quantize", "int8"], "--exact and --quantize exclude each other: exact mode gives every kernel "
+     "transformers' inputs so that its ids equal transformers' bit for bit, and int8 products round differently "
+     "from transformers' float ones; turn one of them off"),
+    (["--quantize", "int8", "--device", "cuda"], "--quantize and --device exclude each other: int8 runs on a CPU only "
+     "(torch's int8 dynamic-quantized linear is a CPU kernel); on cuda use dtype float16 or bfloat16 instead, or "
+     "device cpu"),
+])
+def test_a_refused_combination_comes_before_the_weights_are_read(flags, sentence, unreadable_checkpoint, tmp_path,
+                                                                  capsys):
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"text": "A text."}) + "\n")
+    assert main(["summarize", "--model", unreadable_checkpoint, str(data)]) == 2  # loading it fails on the weights
+    assert "model.safetensors is damaged" in capsys.readouterr().err
+    for command in (["summarize", str(data)], ["evaluate", "--data", str(data), "--out", str(tmp_path / "o")]):
+        assert main([*command, "--model", unreadable_checkpoint, *flags]) == 2
+        assert capsys.readouterr().err == f"bart-opt {command[0]}: error: {sentence}\n"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_a_device_this_machine_lacks_exits_2_before_any_record_is_read(tmp_path, capsys):
     assert main(["evaluate", "--model", "m", "--device", "cuda", "--data", str(tmp_path / "x.jsonl"),

@@ -29,12 +29,10 @@ from collections.abc import Sequence
 from importlib.metadata import version
 from typing import Any
 
-import torch
-
 from bart_opt.errors import InvalidRequest
 from bart_opt.memory import measure
 from bart_opt.scoring.base import Example
-from bart_opt.scoring.models import input_limit, load_checked, open_checkpoint
+from bart_opt.scoring.models import call_cost, input_limit, load_checked, open_checkpoint
 
 FIELD = "bertscore_model"
 SCALE = 100.0  # bart-opt's 0-100, as ROUGE
@@ -114,9 +112,7 @@ class BertScoreMetric:
                     offset += len(groups[i])
                     precision, recall, f1 = (SCALE * float(value) for value in best)
                     scores.append({"precision": precision, "recall": recall, "f1": f1})
-        report = log.report()
-        self.cost = {"batches": -(-len(examples) // self.batch_size), "seconds": report["seconds"],
-                     "peak_bytes": report["peak_bytes"], "peak_source": report["peak_source"]}
+        self.cost = call_cost(log, -(-len(examples) // self.batch_size))
         return scores
 
     def _idf_weights(self, references: list[str]) -> dict[int, float]:

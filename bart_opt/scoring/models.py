@@ -8,6 +8,8 @@ tokenizer files), and fingerprints the files that will be read (`bart_opt.finger
 they are read. `load_checked` reads them and then checks that none changed in between, so the
 fingerprint names what was loaded.
 
+`call_cost` condenses the memory log a metric's `score` call ran under into what the metric reports.
+
 Every refusal is the caller's mistake, an `InvalidRequest` whose field is the setting that named
 the checkpoint (``bertscore_model``, ``consistency_model``): the CLI prints it as one line and the
 service answers 422, never a stack trace.
@@ -86,7 +88,7 @@ def load_checked(checkpoint: ScoringCheckpoint, load: Callable[[Path], T]) -> T:
         checkpoint.fingerprint.check_unchanged()
     except CheckpointError as error:
         raise checkpoint.refuse(error.problem) from error
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # what transformers raises for broken files
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # transformers' errors for broken files
         raise checkpoint.refuse(f"cannot be loaded ({type(error).__name__}: {error})") from error
     return loaded
 
@@ -98,6 +100,14 @@ def input_limit(checkpoint: ScoringCheckpoint, tokenizer: Any) -> int:
         raise checkpoint.refuse("its tokenizer sets no model_max_length (in tokenizer_config.json), so inputs "
                                 "cannot be truncated to what the model's positions allow; set it there")
     return limit
+
+
+def call_cost(log: Any, batches: int) -> dict[str, Any]:
+    """``{"batches", "seconds", "peak_bytes", "peak_source"}`` of a `bart_opt.memory.MemoryLog` over
+    one `score` call: on CUDA the allocator's peak above the start, on CPU the tensors made meanwhile."""
+    report = log.report()
+    return {"batches": batches, "seconds": report["seconds"], "peak_bytes": report["peak_bytes"],
+            "peak_source": report["peak_source"]}
 
 
 def _check_tokenizer_files(folder: Path) -> None:
@@ -116,4 +126,5 @@ def _check_tokenizer_files(folder: Path) -> None:
                           "merges.txt, or sentencepiece model; copy the model's tokenizer into the folder")
 
 
-__all__ = ["PATTERNS", "ScoringCheckpoint", "VOCABULARY_FILES", "input_limit", "load_checked", "open_checkpoint"]
+__all__ = ["PATTERNS", "ScoringCheckpoint", "VOCABULARY_FILES", "call_cost", "input_limit", "load_checked",
+           "open_checkpoint"]

@@ -12,9 +12,13 @@ WORDS = ("the a an of on in to and was is are not never it he she they big small
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
-def bert_folder(folder: Path, *, labels: dict[int, str] | None = None, layers: int = 3, seed: int = 0) -> Path:
+def bert_folder(folder: Path, *, labels: dict[int, str] | None = None, layers: int = 3, seed: int = 0,
+                init_std: float = 0.02) -> Path:
     """Write a random BERT (`labels`: a sequence classifier with that id2label) and its WordPiece
-    tokenizer (lower-cased, `WORDS`, 64 tokens at most) into `folder`; returns `folder`."""
+    tokenizer (lower-cased, `WORDS`, 64 tokens at most) into `folder`; returns `folder`.
+
+    init_std: the weights' initial spread (larger: outputs that vary more from input to input).
+    """
     from transformers import BertConfig, BertForSequenceClassification, BertModel, BertTokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -23,7 +27,8 @@ def bert_folder(folder: Path, *, labels: dict[int, str] | None = None, layers: i
     tokenizer = BertTokenizer(str(vocab), model_max_length=64)
     vocab.unlink()
     config = BertConfig(vocab_size=len(SPECIALS) + len(WORDS), hidden_size=32, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+                        initializer_range=init_std)
     torch.manual_seed(seed)
     if labels is None:
         model = BertModel(config)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,9 +14,9 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
 def bert_folder(folder: Path, *, labels: dict[int, str] | None = None, layers: int = 3, seed: int = 0,
-                init_std: float = 0.02) -> Path:
+                init_std: float = 0.02, words: Sequence[str] = WORDS, max_length: int = 64) -> Path:
     """Write a random BERT (`labels`: a sequence classifier with that id2label) and its WordPiece
-    tokenizer (lower-cased, `WORDS`, 64 tokens at most) into `folder`; returns `folder`.
+    tokenizer (lower-cased, `words`, `max_length` tokens at most) into `folder`; returns `folder`.
 
     init_std: the weights' initial spread (larger: outputs that vary more from input to input).
     """
@@ -23,11 +24,11 @@ def bert_folder(folder: Path, *, labels: dict[int, str] | None = None, layers: i
 
     folder.mkdir(parents=True, exist_ok=True)
     vocab = folder / "vocab-source.txt"
-    vocab.write_text("\n".join([*SPECIALS, *WORDS]) + "\n", encoding="utf-8")
-    tokenizer = BertTokenizer(str(vocab), model_max_length=64)
+    vocab.write_text("\n".join([*SPECIALS, *words]) + "\n", encoding="utf-8")
+    tokenizer = BertTokenizer(str(vocab), model_max_length=max_length)
     vocab.unlink()
-    config = BertConfig(vocab_size=len(SPECIALS) + len(WORDS), hidden_size=32, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=64,
+    config = BertConfig(vocab_size=len(SPECIALS) + len(words), hidden_size=32, num_hidden_layers=layers,
+                        num_attention_heads=2, intermediate_size=64, max_position_embeddings=max_length,
                         initializer_range=init_std)
     torch.manual_seed(seed)
     if labels is None:

@@ -63,14 +63,22 @@ class BertScoreMetric:
         if batch_size < 1:
             raise InvalidRequest("bertscore_batch_size", f"must be at least 1, got {batch_size}")
         self.checkpoint = open_checkpoint(model, FIELD)
-        layers = load_checked(self.checkpoint, lambda folder: AutoConfig.from_pretrained(str(folder))).num_hidden_layers
+        config = load_checked(self.checkpoint, lambda folder: AutoConfig.from_pretrained(str(folder)))
+        # bert-score picks a model class by the name it is given: T5's encoder for any name holding "t5",
+        # a SciBERT download for a name starting "scibert". An absolute path never starts so; a path
+        # holding "t5" would load another model's weights into T5's classes, silently.
+        path = str(self.checkpoint.folder.resolve())
+        if "t5" in path and "t5" not in config.model_type:
+            raise self.checkpoint.refuse(f"bert-score would read this {config.model_type} model as T5, because its "
+                                         "folder's path holds 't5'; move or link it to a path without 't5'")
+        layers = config.num_hidden_layers
         if layer is None:
             layer = model2layers.get(self.checkpoint.name, layers)
         if not 0 <= layer <= layers:
             raise InvalidRequest("bertscore_layer", f"{self.checkpoint.name} has layers 0 to {layers}, not {layer}")
         self.layer, self.idf, self.batch_size, self.device = layer, bool(idf), batch_size, device
         self.tokenizer, self.model = load_checked(
-            self.checkpoint, lambda folder: (get_tokenizer(str(folder)), get_model(str(folder), layer)))
+            self.checkpoint, lambda folder: (get_tokenizer(path), get_model(path, layer)))
         input_limit(self.checkpoint, self.tokenizer)  # bert-score truncates to it
         self.model.to(device)
         self.cost: dict[str, Any] = {}

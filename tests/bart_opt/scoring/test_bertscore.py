@@ -109,3 +109,11 @@ def test_examples_need_a_reference(encoder):
     with pytest.raises(InvalidRequest, match="no reference") as refused:
         BertScoreMetric(encoder, layer=1).score([EXAMPLES[0], Example("a cat.", ())])
     assert refused.value.field == "examples[1].reference"
+
+
+def test_a_path_bert_score_would_misread_is_refused(encoder, tmp_path):
+    """bert-score loads any name holding "t5" with T5's classes: a BERT there is refused, not misread."""
+    misleading = shutil.copytree(encoder, tmp_path / "bert-for-t5-comparison")
+    with pytest.raises(InvalidRequest, match="would read this bert model as T5") as refused:
+        BertScoreMetric(str(misleading))
+    assert refused.value.field == "bertscore_model"

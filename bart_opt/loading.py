@@ -19,7 +19,7 @@ import functools
 import mmap
 import os
 import pickle
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,8 +32,11 @@ from bart_opt.fingerprint import fingerprint
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TIED_KEYS = ("lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 OPTIONAL_KEYS = ("final_logits_bias",)
+# The files of a BART checkpoint fetched from the hub (other models name theirs: bart_opt.scoring.models).
+CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin", "tokenizer*",
+                       "vocab.json", "merges.txt", "special_tokens_map.json")
 
-__all__ = ["Checkpoint", "CheckpointError", "load_generation_config", "load_pretrained", "normalize_keys",
+__all__ = ["CHECKPOINT_PATTERNS", "Checkpoint", "CheckpointError", "load_generation_config", "load_pretrained", "normalize_keys",
            "read_state_dict", "release_pages", "resolve_checkpoint", "weights_file"]
 
 
@@ -55,8 +58,9 @@ class Checkpoint:
         return cls(str(name_or_path), resolve_checkpoint(name_or_path))
 
 
-def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
-    """A local folder as is; anything else is a hub id fetched into (or found in) the hub cache."""
+def resolve_checkpoint(name_or_path: str | os.PathLike, patterns: Sequence[str] = CHECKPOINT_PATTERNS) -> Path:
+    """A local folder as is; anything else is a hub id fetched into (or found in) the hub cache,
+    the files matching `patterns` (with HF_HUB_OFFLINE=1, only what the cache holds)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -65,11 +69,7 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(
-            repo_id=str(name_or_path),
-            allow_patterns=["config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin",
-                            "tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json"],
-        )
+        folder = snapshot_download(repo_id=str(name_or_path), allow_patterns=list(patterns))
     except Exception as err:  # hub errors come in many classes; all mean "could not get it"
         raise CheckpointError("no such checkpoint folder here, and no such model on the hub (or it cannot be "
                               "reached)", name_or_path, detail=f"{type(err).__name__}: {err}") from err

@@ -36,8 +36,8 @@ OPTIONAL_KEYS = ("final_logits_bias",)
 CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin", "tokenizer*",
                        "vocab.json", "merges.txt", "special_tokens_map.json")
 
-__all__ = ["CHECKPOINT_PATTERNS", "Checkpoint", "CheckpointError", "load_generation_config", "load_pretrained", "normalize_keys",
-           "read_state_dict", "release_pages", "resolve_checkpoint", "weights_file"]
+__all__ = ["CHECKPOINT_PATTERNS", "Checkpoint", "CheckpointError", "load_generation_config", "load_pretrained",
+           "normalize_keys", "read_state_dict", "release_pages", "resolve_checkpoint", "weights_file"]
 
 
 @dataclass(frozen=True)

@@ -45,17 +45,20 @@ def report_systems(runs: Sequence[ReportRun]) -> list[tuple[str, Mapping[str, An
     system with the same scores is already there (a baseline's own run, or the same baseline beside an
     earlier run); a baseline with other scores under a name already taken is named after its run too
     (``lead-3 (run-b)``)."""
-    found: list[tuple[str, Mapping[str, Any]]] = []
-    seen: set[tuple[str, tuple]] = set()
+    found: list[tuple[str, Mapping[str, Any]]] = [(run.name, run.metrics) for run in runs]
+    seen = {_identity(metrics) for _, metrics in found}
     for run in runs:
-        for k, (name, metrics) in enumerate(systems(run.metrics, name=run.name)):
-            key = (str(metrics.get("model")), tuple(metric_intervals(metrics).items()))
-            if k and key in seen:
+        for name, metrics in systems(run.metrics)[1:]:
+            if _identity(metrics) in seen:
                 continue
-            seen.add(key)
+            seen.add(_identity(metrics))
             taken = any(name == other for other, _ in found)
             found.append((f"{name} ({run.name})" if taken else name, metrics))
     return found
+
+
+def _identity(metrics: Mapping[str, Any]) -> tuple:
+    return str(metrics.get("model")), tuple(metric_intervals(metrics).items())
 
 
 def report_markdown(runs: Sequence[ReportRun], comparison: Mapping[str, Any] | None, plots: Sequence[Path],

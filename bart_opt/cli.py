@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, score, compare, demo-model, bench, check, serve.
+"""The ``bart-opt`` command: summarize, evaluate, score, compare, report, demo-model, bench, check, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no

@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, score, compare, demo-model, bench, check, serve.
+"""The ``bart-opt`` command: summarize, evaluate, score, compare, report, demo-model, bench, check, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no
@@ -120,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--summary-column", default="highlights", help="default: highlights")
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _format_option(evaluate)
     _rouge_options(evaluate)
     _generation_options(evaluate)
     _ray_options(evaluate)
@@ -138,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: reference (a string, or a list of strings for several references)")
     score.add_argument("--name", help="how reports name the system (default: the file's name without extension)")
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
+    _format_option(score)
     _rouge_options(score)
     score.set_defaults(func=cmd_score)
 
@@ -150,8 +152,25 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bootstrap resamples and randomization trials (default: 1000)")
     compare.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
     compare.add_argument("--top", type=int, default=5, help="wins and losses to show (default: 5)")
-    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    printed = compare.add_mutually_exclusive_group()
+    printed.add_argument("--format", choices=FORMATS, help="print the comparison as a table with a row per run and "
+                                                           "metric score (text, markdown, csv, latex), or as JSON "
+                                                           "(default: the text report with the examples won and lost)")
+    printed.add_argument("--json", dest="format", action="store_const", const="json",
+                         help="print the comparison as JSON (--format json)")
     compare.set_defaults(func=cmd_compare)
+
+    report = sub.add_parser("report", help="plots, a Markdown summary and a model-index block of evaluate runs "
+                                           "(pip install 'bart-opt[report]')")
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="--out folders of bart-opt evaluate or score; with two or more, on the same dataset, "
+                             "the first is the baseline of the paired differences")
+    report.add_argument("--out", required=True, help="output folder (report.md, model-index.yaml, PNG and SVG plots)")
+    report.add_argument("--model-name", help="the model card's name (default: the first run that is a model's)")
+    report.add_argument("--resamples", type=int, default=1000,
+                        help="bootstrap resamples and randomization trials of the paired differences (default: 1000)")
+    report.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
+    report.set_defaults(func=cmd_report)
 
     demo = sub.add_parser("demo-model", help="write the tiny trained demo checkpoint and held-out sample records")
     demo.add_argument("dir", help="output folder")
@@ -179,6 +198,33 @@ class _Renamed(argparse.Action):
         new = "--" + self.dest.replace("_", "-")
         print(f"bart-opt: warning: {option_string} is now {new}; the old spelling still works", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+FORMATS = ("text", "json", "markdown", "csv", "latex")  # bart_opt.report.tables.FORMATS, without importing tabulate
+
+
+def _format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS,
+                        help="print the scores on stdout as one table (a row per system, a column per metric score: "
+                             "the mean [95%% interval]) in text, markdown, csv or latex, or the metrics as JSON "
+                             "(default: the metrics as JSON on stdout and the ROUGE lines on stderr)")
+
+
+def print_metrics(metrics: dict, fmt: str | None, ensure_ascii: bool = True) -> None:
+    """A run's metrics as `fmt` asks (`bart_opt.report.tables`); no `fmt`: the JSON on stdout and the ROUGE
+    lines on stderr."""
+    if fmt is None or fmt == "json":
+        print(json.dumps(metrics, indent=2, ensure_ascii=ensure_ascii))
+        if fmt is None:
+            print(rouge_lines(metrics), file=sys.stderr)
+        return
+    from bart_opt.report.tables import render, score_table, systems
+
+    table = score_table(systems(metrics))
+    print(render(table, fmt))
+    if fmt == "csv":  # a CSV holds the signatures in a column, and nothing else
+        for note in table.notes:
+            print(note, file=sys.stderr)
 
 
 def _rouge_options(parser: argparse.ArgumentParser) -> None:
@@ -354,8 +400,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     except FailureStreak as error:
         raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
                        "reasons)") from error
-    print(json.dumps(metrics, indent=2))
-    print(rouge_lines(metrics), file=sys.stderr)
+    print_metrics(metrics, args.format)
     return 0
 
 
@@ -408,20 +453,43 @@ def cmd_score(args: argparse.Namespace) -> int:
     columns = Columns(id=args.id_column, prediction=args.prediction_column, reference=args.reference_column)
     metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
                           name=args.name, overwrite=args.overwrite)
-    print(json.dumps(metrics, indent=2, ensure_ascii=False))
-    print(rouge_lines(metrics), file=sys.stderr)
+    print_metrics(metrics, args.format, ensure_ascii=False)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Compare run folders (the first is the baseline) and print tables, or JSON with --json."""
+    """Compare run folders (the first is the baseline) and print the text report, JSON (--json, --format json) or
+    the significance table in another --format."""
     from bart_opt.compare import compare_runs, format_report, load_run
 
     if len(args.runs) < 2:
         raise CliError("give at least two run folders")
     runs = [load_run(folder) for folder in args.runs]
     result = compare_runs(runs, metric=args.metric, resamples=args.resamples, seed=args.seed, top=args.top)
-    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else format_report(result))
+    if args.format is None:
+        print(format_report(result))
+    elif args.format == "json":
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        from bart_opt.report.tables import comparison_table, render
+
+        print(render(comparison_table(result), args.format))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the plots, report.md and model-index.yaml of run folders into --out (`bart_opt.report.write`)."""
+    try:
+        import matplotlib  # noqa: F401  (checked here: the plots import it only as they draw)
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "matplotlib":
+            raise
+        raise CliError("the plots need matplotlib: pip install 'bart-opt[report]'") from None
+    from bart_opt.report.write import write_report
+
+    written = write_report(args.runs, args.out, model_name=args.model_name, resamples=args.resamples, seed=args.seed)
+    for path in written:
+        print(path)
     return 0
 
 

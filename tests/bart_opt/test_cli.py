@@ -388,3 +388,69 @@ def test_a_device_this_machine_lacks_exits_2_before_any_record_is_read(tmp_path,
                  "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.strip() == (
         "bart-opt evaluate: error: --device: 'cuda' asked for, but CUDA is not available here; use 'cpu'")
+
+
+# ---- --format on evaluate, score and compare ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lead_run(tmp_path_factory) -> Path:
+    """A lead-3 run folder (5 random records) and, beside it, its rows as another system's predictions file."""
+    rng = random.Random(11)
+    root = tmp_path_factory.mktemp("formats")
+    rows = [{"id": str(i), "article": random_article(rng, 5), "highlights": random_article(rng, 2)} for i in range(5)]
+    (root / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["evaluate", "--model", "lead-3", "--data", str(root / "data.jsonl"), "--out", str(root / "lead")]) == 0
+    return root / "lead"
+
+
+def test_the_formats_match_the_table_module():
+    from bart_opt.report.tables import FORMATS
+
+    assert bart_opt.cli.FORMATS == FORMATS
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown", "csv", "latex"])
+def test_evaluate_and_score_print_the_format_asked_on_stdout_only(lead_run, tmp_path, capsys, fmt):
+    data = lead_run.parent / "data.jsonl"
+    assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "e"),
+                 "--format", fmt]) == 0
+    evaluated = capsys.readouterr()
+    assert main(["score", str(lead_run / "predictions.jsonl"), "--out", str(tmp_path / "s"), "--format", fmt]) == 0
+    scored = capsys.readouterr()
+    assert evaluated.err == scored.err == ""  # no ROUGE lines on stderr once a format is asked for
+    metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    mid = f"{metrics['rouge']['rouge1']['mid']['fmeasure']:.2f}"
+    if fmt == "json":
+        assert json.loads(evaluated.out) == metrics
+        assert json.loads(scored.out) == json.loads((tmp_path / "s" / "metrics.json").read_text())
+    elif fmt == "csv":
+        import csv
+
+        (row,) = csv.DictReader(io.StringIO(evaluated.out))
+        assert (row["system"], float(row["rouge1"])) == ("lead-3", metrics["rouge"]["rouge1"]["mid"]["fmeasure"])
+        assert row["signature"] == metrics["signature"]
+    else:
+        assert f"{mid} [" in evaluated.out and f"{mid} [" in scored.out
+        assert f"signature lead-3: {'`' if fmt == 'markdown' else ''}{metrics['signature']}" in evaluated.out
+        assert ("\\begin{tabular}" in evaluated.out) == (fmt == "latex")
+        assert evaluated.out.startswith("| system") == (fmt == "markdown")
+
+
+def test_compare_prints_its_significance_table_in_each_format(lead_run, tmp_path, capsys):
+    assert main(["score", str(lead_run / "predictions.jsonl"), "--out", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    runs = [str(lead_run), str(tmp_path / "again")]
+    assert main(["compare", *runs, "--resamples", "50", "--json"]) == 0
+    as_json = capsys.readouterr().out
+    assert main(["compare", *runs, "--resamples", "50", "--format", "json"]) == 0
+    assert capsys.readouterr().out == as_json  # --json is --format json
+    for fmt, marker in (("text", "rougeLsum"), ("markdown", "| again | lead "), ("csv", "again,lead,rouge1,"),
+                        ("latex", "\\begin{tabular}")):
+        assert main(["compare", *runs, "--resamples", "50", "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert marker in out
+        assert ("+0.00 [+0.00, +0.00]" in out) == (fmt != "csv")  # the same predictions: no difference
+    with pytest.raises(SystemExit) as stopped:  # argparse's own usage error
+        main(["compare", *runs, "--json", "--format", "csv"])
+    assert stopped.value.code == 2 and "not allowed with argument --json" in capsys.readouterr().err

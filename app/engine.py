@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from app.device_runner import SummarizerRunner, resident_bytes
-from app.errors import ApiError
+from app.domain_errors import Unavailable
 from app.metrics import Metrics
 from app.schemas import GenerationOptions
 from app.settings import Settings
@@ -33,7 +33,7 @@ from bart_opt.summarizer import Encoded, Summarizer
 SummarizerLoader = Callable[[Settings], Summarizer]
 T = TypeVar("T")
 
-_NOT_READY_RETRY_AFTER = "5"
+_NOT_READY_RETRY_AFTER_S = 5
 
 logger = logging.getLogger("app.engine")
 
@@ -53,23 +53,23 @@ def shown_model(model: str) -> str:
     return path.name if path.is_absolute() else model
 
 
-def unavailable(state: State, load_error: BaseException | None = None) -> ApiError:
-    """The 503 for a worker in `state`; the reason's details are in the server log, not here.
+def unavailable(state: State, load_error: BaseException | None = None) -> Unavailable:
+    """The `Unavailable` for a worker in `state`; the reason's details are in the server log, not here.
 
     A checkpoint refused as a whole (`load_error` a `CheckpointError`) names its problem, which
     holds no server path.
     """
-    retry = {"Retry-After": _NOT_READY_RETRY_AFTER}
+    retry = _NOT_READY_RETRY_AFTER_S
     if state is State.LOADING:
-        return ApiError(503, "not_ready", "the model is still loading", headers=retry)
+        return Unavailable("not_ready", "the model is still loading", retry_after=retry)
     if state is State.FAILED:
         problem = f" ({load_error.problem})" if isinstance(load_error, CheckpointError) else ""
         message = f"the model failed to load{problem}; the server log has the reason"
-        return ApiError(503, "model_load_failed", message, headers=retry)
+        return Unavailable("model_load_failed", message, retry_after=retry)
     if state is State.DEAD:
         message = "the device worker stopped unexpectedly; the server needs a restart (the log has the reason)"
-        return ApiError(503, "worker_dead", message)
-    return ApiError(503, "shutting_down", "the server is shutting down", headers=retry)
+        return Unavailable("worker_dead", message)
+    return Unavailable("shutting_down", "the server is shutting down", retry_after=retry)
 
 
 class Engine:
@@ -161,24 +161,24 @@ class Engine:
     def request_spec(self, options: GenerationOptions | None) -> GenerationSpec:
         """A request's generation options resolved once over the checkpoint's defaults.
 
-        Raises `InvalidRequest` with the field under ``generation.`` (the 422 mapping is in app.errors).
+        Raises `InvalidRequest` with the field under ``generation.`` (`app.errors` maps it).
         """
         try:
             return self.generation_spec(options.overrides() if options is not None else {})
         except InvalidRequest as error:
             raise error.within("generation") from None
 
-    def unavailable(self, state: State) -> ApiError:
-        """The 503 for the worker in `state` (`unavailable`, with the worker's load error)."""
+    def unavailable(self, state: State) -> Unavailable:
+        """The `Unavailable` for the worker in `state` (`unavailable`, with the worker's load error)."""
         return unavailable(state, self.worker.load_error)
 
     def check_ready(self) -> None:
-        """Raise the 503 that fits the worker's state unless it takes work."""
+        """Raise the `Unavailable` that fits the worker's state unless it takes work."""
         if self.state is not State.READY:
             raise self.unavailable(self.state)
 
     def check_alive(self) -> None:
-        """Raise a 503 when the process can no longer serve without a restart (the device worker died)."""
+        """Raise `Unavailable` when the process can no longer serve without a restart (the device worker died)."""
         if self.state is State.DEAD:
             raise self.unavailable(State.DEAD)
 

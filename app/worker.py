@@ -3,7 +3,7 @@
 Two kinds of work share the thread:
 
 - **interactive** items (one ``POST /summarize`` each) wait in a bounded FIFO queue; a full
-  queue refuses new ones (:class:`QueueFull`, the route answers 429). When the device frees
+  queue refuses new ones (:class:`QueueFull`, which the summarize service reports as `app.domain_errors.Busy`). When the device frees
   up, the worker takes the oldest item and, with micro-batching on, every other waiting item
   with the *same generation settings* while the merged call stays within the token budget
   (``longest input x texts x beams <= max_batch_tokens`` and ``texts <= max_batch_size``).

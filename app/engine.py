@@ -15,17 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, TypeVar
 
 from app.device_runner import SummarizerRunner, resident_bytes
+from app.jobs.paths import shown_model
 from app.domain_errors import Unavailable
 from app.metrics import Metrics
 from app.schemas import GenerationOptions
 from app.settings import Settings
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
 from bart_opt.errors import CheckpointError, InvalidRequest
-from bart_opt.evaluate.core import RunControl
+from bart_opt.evaluate.core import Executor, RunControl, SummarizerExecutor
 from bart_opt.spec import GenerationSpec
 from bart_opt.fingerprint import Fingerprint
 from bart_opt.summarizer import Encoded, Summarizer
@@ -44,13 +44,6 @@ def load_summarizer(settings: Settings, **summarizer_options: Any) -> Summarizer
     `summarizer_options` go to the Summarizer's constructor (e.g. its ``before_model_call`` hook).
     """
     return Summarizer.from_options(settings.engine_options(), **summarizer_options)
-
-
-def shown_model(model: str) -> str:
-    """A model as clients see it: a hub id or relative folder as given, an absolute folder by its
-    last component only (server paths stay out of responses)."""
-    path = Path(model)
-    return path.name if path.is_absolute() else model
 
 
 def unavailable(state: State, load_error: BaseException | None = None) -> Unavailable:
@@ -181,6 +174,11 @@ class Engine:
         """Raise `Unavailable` when the process can no longer serve without a restart (the device worker died)."""
         if self.state is State.DEAD:
             raise self.unavailable(State.DEAD)
+
+    def executor(self) -> Executor:
+        """The executor of job batches on this engine: the Summarizer's, each model call a ``Kind.JOB``
+        item on the device worker (`WorkerDevice`). Once the model is loaded."""
+        return SummarizerExecutor(self.summarizer, device=lambda control: WorkerDevice(self, control))
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """`Summarizer.encode`, from any thread."""

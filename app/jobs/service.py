@@ -40,23 +40,22 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.engine import Engine, WorkerDevice
 from app.domain_errors import Busy, Conflict, DamagedStore, NotFound, Refused, ServiceError, SourceUnavailable, Unavailable
 from app.jobs.bodies import EvaluateRequest, JobView
-from app.jobs.database import PoolLimits, StoreError
-from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
+from app.jobs.config import JobsConfig
+from app.jobs.database import StoreError
+from app.jobs.intake import BoundedPool, Intake, LoadAbandoned, LoadCancelled, PoolBusy
 from app.jobs.job import STATUSES, Job
 from app.jobs.listing import Cursor, link, page
 from app.jobs.migrations import SchemaTooNew
 from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
-from app.jobs.runner import JobRunner, RunnerConfig
+from app.jobs.ports import Gauges, JobEngine
+from app.jobs.runner import JobRunner
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
 from app.jobs.store import ERROR_FILTERS, JobStore, NewJob, describe_store_error
-from app.metrics import Metrics
-from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate.core import Executor, SummarizerExecutor
+from bart_opt.evaluate.core import Executor
 from bart_opt.evaluate.record import run_record
 from bart_opt.fingerprint import FileChanged, FileWatch
 from bart_opt.readers import TooLarge
@@ -70,24 +69,19 @@ _RETRY_AFTER_S = 5
 
 
 class JobService:
-    """Evaluation jobs on the service's shared `Engine`: its model, and its device worker or a Ray cluster."""
+    """Evaluation jobs on the service's shared engine (`JobEngine`): its model, and its device worker or a
+    Ray cluster; `config` is what the settings say (`app.settings.Settings.jobs_config`)."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, engine: Engine) -> None:
-        self.settings = settings
+    def __init__(self, config: JobsConfig, metrics: Gauges, engine: JobEngine) -> None:
+        self.config = config
         self.engine = engine
-        pool = PoolLimits(size=settings.db_pool_size, overflow=settings.db_max_overflow,
-                          timeout_s=settings.db_pool_timeout_s, connect_timeout_s=settings.db_connect_timeout_s)
-        self.store = JobStore(settings.db, pool=pool)
+        self.store = JobStore(config.db, pool=config.pool)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._store_ready = threading.Event()
-        config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
-                              window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s,
-                              engine_wait_s=settings.job_engine_wait_s)
-        self.runner = JobRunner(self.store, engine, self._executor, config, self.owner, self._store_ready)
-        limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
-        self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)
-        self._hub_allowed = parse_allowlist(settings.hub_datasets)
-        workers = settings.dataset_loaders
+        self.runner = JobRunner(self.store, engine, self._executor, config.runner, self.owner, self._store_ready)
+        self.intake = Intake(self.store, config.intake, self.owner, config.runner.lease_s)
+        self._hub_allowed = parse_allowlist(config.hub_datasets)
+        workers = config.dataset_loaders
         self._pools = {"hub": BoundedPool("bart-opt-hub", workers, workers),
                        "local": BoundedPool("bart-opt-load", workers, workers)}
         self.unavailable: str | None = "the jobs database is being opened"  # why job routes answer `Unavailable`
@@ -108,17 +102,13 @@ class JobService:
         ).labels(self.owner).set_function(self.runner.rate)
 
     def _executor(self) -> Executor:
-        """What runs the jobs' batches: the engine's device worker, or replicas on the Ray cluster of
+        """What runs the jobs' batches: the engine's (its device worker), or replicas on the Ray cluster of
         ``BART_OPT_RAY_ADDRESS`` (only then is Ray imported)."""
-        s = self.settings
-        if s.ray_address is None:
-            return SummarizerExecutor(self.engine.summarizer, device=lambda control: WorkerDevice(self.engine, control))
-        from bart_opt.distributed import ClusterOptions, ReplicaPool
+        if self.config.cluster is None:
+            return self.engine.executor()
+        from bart_opt.distributed import ReplicaPool
 
-        cluster = ClusterOptions(address=s.ray_address, replicas=s.ray_replicas, gpus_per_replica=s.ray_gpus_per_replica,
-                                 threads_per_replica=s.ray_threads_per_replica, start_timeout_s=s.ray_start_timeout_s,
-                                 stall_timeout_s=s.ray_stall_timeout_s)
-        return ReplicaPool(s.engine_options(), cluster, name=s.model)
+        return ReplicaPool(self.config.engine, self.config.cluster, name=self.config.engine.model)
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -134,7 +124,7 @@ class JobService:
         self._changed.set()
         for pool in self._pools.values():
             pool.shutdown()
-        self.runner.stop(timeout=self.settings.shutdown_timeout)
+        self.runner.stop(timeout=self.config.shutdown_timeout)
         self._upkeep.join(timeout=5)
         self.store.close()
 
@@ -159,7 +149,7 @@ class JobService:
 
     def _upkeep_loop(self) -> None:
         tick = 0
-        every = min(_UPKEEP_S, self.settings.job_lease_s / 3)  # a lease is renewed well before it runs out
+        every = min(_UPKEEP_S, self.config.runner.lease_s / 3)  # a lease is renewed well before it runs out
         verified = False
         while not self._stop.is_set():
             self._changed.wait(every)
@@ -263,8 +253,9 @@ class JobService:
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
             raise Refused("invalid_request", "Idempotency-Key: must be 1 to 255 visible ASCII characters",
                           field="Idempotency-Key")
-        if body.limit is not None and body.limit > self.settings.max_job_records:
-            raise Refused("invalid_request", f"limit: at most {self.settings.max_job_records:,} records per "
+        most = self.config.intake.max_records
+        if body.limit is not None and body.limit > most:
+            raise Refused("invalid_request", f"limit: at most {most:,} records per "
                           "job (BART_OPT_MAX_JOB_RECORDS)", field="limit")
         spec = body.dataset
         if spec.source == "hub":
@@ -313,7 +304,7 @@ class JobService:
         naming ``generation.*`` or ``rouge.*``."""
         options = body.rouge
         try:
-            rouge = self.settings.rouge_settings(options and options.tokenizer, options and options.lang)
+            rouge = self.config.rouge_settings(options and options.tokenizer, options and options.lang)
         except InvalidRequest as error:
             raise error.within("rouge") from None
         common = {"id": uuid.uuid4().hex, "request_hash": request_hash, "dataset": body.dataset.describe(),
@@ -335,7 +326,7 @@ class JobService:
 
     def engine_record(self) -> dict | None:
         """This replica's engine as jobs record it (None before the model is loaded): what ``/ready`` shows."""
-        return self.runner.executor().engine_record() if self.engine.summarizer is not None else None
+        return self.runner.executor().engine_record() if self.engine.state not in ("loading", "failed") else None
 
     def _open(self, body: EvaluateRequest) -> tuple[RecordStream, FileWatch | None]:
         """The body's records as a stream, and for a file the watch on it, begun before it is opened
@@ -344,9 +335,9 @@ class JobService:
         options = {"text_column": columns["text"], "summary_column": columns["summary"],
                    "id_column": columns["id"], "limit": body.limit}
         if spec.source == "file":
-            path = resolve_data_file(self.settings.data_dir, spec.file)
+            path = resolve_data_file(self.config.data_dir, spec.file)
             watch = FileWatch(path, spec.file)
-            records = iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+            records = iter_records(file=path, name=spec.file, max_line_bytes=self.config.max_line_bytes, **options)
             return records, watch
         if spec.source == "records":
             return iter_records(records=spec.records, **options), None

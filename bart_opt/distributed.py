@@ -17,6 +17,9 @@ other is read on the driver, longest records first. `ReplicaPool` also describes
 the metrics without loading the weights on the driver (``name``, ``scorer``, ``device``,
 ``count_cpu_tensors``, ``generation_spec``).
 
+The options (`bart_opt.cluster.ClusterOptions`, re-exported here) are defined, with their flags and
+settings, in `bart_opt.cluster`, which imports no Ray.
+
 Resources: a replica asks Ray for ``gpus_per_replica`` GPUs and ``threads_per_replica`` CPUs
 (its torch threads), so a 2-CPU machine holds two one-thread replicas; records in driver memory
 need no read tasks, and a source read on the driver's node (the service's jobs) asks for no CPU.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import pytest
 from fastapi import FastAPI
@@ -119,3 +121,33 @@ def test_every_kind_of_domain_error_has_a_status_and_the_table_lists_only_kinds(
         assert 400 <= status_of(kind("code", "message")) < 600, kind
     assert status_of(ClientDisconnected()) == 499
     assert ServiceError not in STATUS_OF and all(issubclass(kind, ServiceError) for kind in STATUS_OF)
+
+
+# ---- the domain speaks no HTTP ------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+DOMAIN = [*sorted((REPO / "app" / "jobs").rglob("*.py")),
+          *(REPO / "app" / name for name in ("engine.py", "summarize_service.py", "compare.py", "device_runner.py",
+                                             "worker.py", "limits.py", "domain_errors.py"))]
+HTTP = ("fastapi", "starlette", "app.errors")
+
+
+def http_imports(source: str) -> set[str]:
+    """The modules of `HTTP` (or theirs) that `source` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        found |= {name for name in names if any(name == http or name.startswith(http + ".") for http in HTTP)}
+    return found
+
+
+def test_the_jobs_and_the_summarize_core_import_no_http_and_no_app_errors():
+    assert {path.relative_to(REPO).as_posix(): sorted(found) for path in DOMAIN
+            if (found := http_imports(path.read_text(encoding="utf-8")))} == {}
+
+
+def test_an_http_import_in_the_domain_is_found():
+    planted = "from starlette.concurrency import run_in_threadpool\nimport fastapi\n\ndef f():\n    from app.errors import ApiError\n"
+    assert http_imports(planted) == {"starlette.concurrency", "fastapi", "app.errors"}
+    assert http_imports("from app.domain_errors import NotFound\nimport anyio\n") == set()

@@ -40,7 +40,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.domain_errors import Busy, Conflict, DamagedStore, NotFound, Refused, ServiceError, SourceUnavailable, Unavailable
+from app.domain_errors import (Busy, Conflict, DamagedStore, NotFound, Refused, ServiceError, SourceUnavailable,
+                               Unavailable)
 from app.jobs.bodies import EvaluateRequest, JobView
 from app.jobs.config import JobsConfig
 from app.jobs.database import StoreError
@@ -435,7 +436,8 @@ class JobService:
         return [json.loads(line) for line in self.prediction_lines(job_id)]
 
     def example(self, job_id: str, example_id: str) -> dict:
-        """One example: its text and reference, and its prediction row (None until it is done); `NotFound` when unknown."""
+        """One example: its text and reference, and its prediction row (None until it is done); `NotFound` when
+        unknown."""
         with self._store_errors():
             self._job(job_id)
             record, row = self.store.example(job_id, example_id)

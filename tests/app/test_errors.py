@@ -148,6 +148,7 @@ def test_the_jobs_and_the_summarize_core_import_no_http_and_no_app_errors():
 
 
 def test_an_http_import_in_the_domain_is_found():
-    planted = "from starlette.concurrency import run_in_threadpool\nimport fastapi\n\ndef f():\n    from app.errors import ApiError\n"
+    planted = ("from starlette.concurrency import run_in_threadpool\nimport fastapi\n\n"
+               "def f():\n    from app.errors import ApiError\n")
     assert http_imports(planted) == {"starlette.concurrency", "fastapi", "app.errors"}
     assert http_imports("from app.domain_errors import NotFound\nimport anyio\n") == set()

@@ -201,7 +201,7 @@ def test_the_jobs_package_loads_no_concrete_engine_worker_metrics_settings_or_ht
     concrete = ("app.engine", "app.worker", "app.metrics", "app.settings", "app.errors", "fastapi", "starlette")
     code = ("import sys, app.jobs, app.jobs.config, app.jobs.runner, app.jobs.service; "
             f"print([name for name in {concrete!r} if name in sys.modules])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
                           cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -205,3 +205,11 @@ def test_the_jobs_package_loads_no_concrete_engine_worker_metrics_settings_or_ht
                           cwd=Path(__file__).parents[3])
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_service_engine_and_the_fake_have_everything_the_interface_names():
+    from app.engine import Engine
+
+    named = {name for name in vars(JobEngine) if not name.startswith("_")}
+    assert named == {"name", "fingerprint", "state", "wait_ready", "check_ready", "request_spec", "executor"}
+    assert named <= set(dir(Engine)) and named <= set(dir(FakeEngine))

@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from bart_opt import cluster
 from bart_opt.errors import InvalidRequest
 from bart_opt.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
@@ -123,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     _format_option(evaluate)
     _rouge_options(evaluate)
     _generation_options(evaluate)
-    _ray_options(evaluate)
+    cluster.add_cli_args(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     score = sub.add_parser("score", help="score another system's predictions (JSONL, JSON, CSV or Parquet) into a "
@@ -272,17 +273,6 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
 _EARLY_STOPPING = {str(value).lower(): value for value in EARLY_STOPPING}  # "true" -> True, "never" -> "never"
 
 
-def _ray_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("on a Ray cluster (pip install 'bart-opt[ray]')")
-    group.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                       help="run replicas of the model on a Ray cluster: no ADDRESS (or 'local') starts a Ray "
-                            "instance here, 'auto' joins this node's cluster (ray start), HOST:PORT the cluster there")
-    group.add_argument("--replicas", type=int, help="model replicas (default: as many as the cluster holds)")
-    group.add_argument("--gpus-per-replica", type=float, help="GPUs of each replica (default 0: on the CPU)")
-    group.add_argument("--threads-per-replica", type=int, help="torch threads (and Ray CPUs) of each replica "
-                                                               "(default 1)")
-
-
 def generation_kwargs(args: argparse.Namespace) -> dict:
     """Generation overrides given on the command line (unset options left out)."""
     kwargs = {name: getattr(args, name) for name in REQUEST_OPTIONS if getattr(args, name) is not None}
@@ -391,9 +381,9 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         elif args.ray is not None:
             metrics = evaluate_on_ray(args, records, source, baselines, rouge)
         else:
-            for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
-                if getattr(args, option) is not None:
-                    raise CliError(f"--{option.replace('_', '-')} needs --ray")
+            for option in cluster.flag_fields()[1:]:
+                if getattr(args, cluster.dest_of(option)) is not None:
+                    raise CliError(f"{option.metadata['flag']} needs --ray")
             metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
                                      progress=not args.no_progress, source=source, overwrite=args.overwrite,
                                      baselines=baselines, rouge=rouge)
@@ -409,7 +399,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
     (with `baselines` scored beside it)."""
     try:
-        from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaPool
+        from bart_opt.distributed import ClusterError, ReplicaPool
     except ModuleNotFoundError as error:
         if error.name is None or error.name.split(".")[0] != "ray":
             raise
@@ -421,9 +411,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
                             ("torch_threads", "give replicas threads with --threads-per-replica")):
         if getattr(args, option) is not None:
             raise CliError(f"--{option.replace('_', '-')} does not apply with --ray: {instead}")
-    given = {name: getattr(args, name) for name in ("replicas", "gpus_per_replica", "threads_per_replica")
-             if getattr(args, name) is not None}
-    options = ClusterOptions(address=args.ray, **given)
+    options = cluster.from_cli_args(args)
     config = from_cli_args(args)
     resolve_checkpoint(config.model)  # a missing checkpoint is this command's error, not a replica's
     pool = ReplicaPool(config, options, name=args.model,

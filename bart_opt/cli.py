@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, score, compare, demo-model, bench, check, serve.
+"""The ``bart-opt`` command: summarize, evaluate, score, compare, report, demo-model, bench, check, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no
@@ -15,9 +15,10 @@ import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from bart_opt import cluster
 from bart_opt.errors import InvalidRequest
 from bart_opt.extras import MissingExtra, require
-from bart_opt.options import OptionConflict, add_cli_args, from_cli_args
+from bart_opt.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 EXIT_USAGE = 2
@@ -53,11 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _validate_engine_options(args)
         return args.func(args) or 0
     except OptionConflict as error:
-        print(f"bart-opt {args.command}: error: {error.naming(_flag)}", file=sys.stderr)
+        print(f"bart-opt {args.command}: error: {error.naming(cli_flag)}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequest as error:
         named = error.field in REQUEST_OPTIONS or error.field in vars(args)  # a field that is one of our options
-        where = f"--{error.field.replace('_', '-')}" if named else error.field
+        where = cli_flag(error.field) if named else error.field
         print(f"bart-opt {args.command}: error: {where}: {_one_line(error.message)}", file=sys.stderr)
         return EXIT_USAGE
     except (CliError, MissingExtra, ValueError, FileNotFoundError, OSError) as error:
@@ -67,10 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "; rerun the same command to resume" if args.command == "evaluate" else ""
         print(f"bart-opt {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def _validate_engine_options(args: argparse.Namespace) -> None:
@@ -125,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--summary-column", default="highlights", help="default: highlights")
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _format_option(evaluate)
     _rouge_options(evaluate)
     _generation_options(evaluate)
-    _ray_options(evaluate)
+    cluster.add_cli_args(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     score = sub.add_parser("score", help="score another system's predictions (JSONL, JSON, CSV or Parquet) into a "
@@ -143,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: reference (a string, or a list of strings for several references)")
     score.add_argument("--name", help="how reports name the system (default: the file's name without extension)")
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
+    _format_option(score)
     _rouge_options(score)
     score.set_defaults(func=cmd_score)
 
@@ -155,8 +154,25 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bootstrap resamples and randomization trials (default: 1000)")
     compare.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
     compare.add_argument("--top", type=int, default=5, help="wins and losses to show (default: 5)")
-    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    printed = compare.add_mutually_exclusive_group()
+    printed.add_argument("--format", choices=FORMATS, help="print the comparison as a table with a row per run and "
+                                                           "metric score (text, markdown, csv, latex), or as JSON "
+                                                           "(default: the text report with the examples won and lost)")
+    printed.add_argument("--json", dest="format", action="store_const", const="json",
+                         help="print the comparison as JSON (--format json)")
     compare.set_defaults(func=cmd_compare)
+
+    report = sub.add_parser("report", help="plots, a Markdown summary and a model-index block of evaluate runs "
+                                           "(pip install 'bart-opt[report]')")
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="--out folders of bart-opt evaluate or score; with two or more, on the same dataset, "
+                             "the first is the baseline of the paired differences")
+    report.add_argument("--out", required=True, help="output folder (report.md, model-index.yaml, PNG and SVG plots)")
+    report.add_argument("--model-name", help="the model card's name (default: the first run that is a model's)")
+    report.add_argument("--resamples", type=int, default=1000,
+                        help="bootstrap resamples and randomization trials of the paired differences (default: 1000)")
+    report.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
+    report.set_defaults(func=cmd_report)
 
     demo = sub.add_parser("demo-model", help="write the tiny trained demo checkpoint and held-out sample records")
     demo.add_argument("dir", help="output folder")
@@ -184,6 +200,33 @@ class _Renamed(argparse.Action):
         new = "--" + self.dest.replace("_", "-")
         print(f"bart-opt: warning: {option_string} is now {new}; the old spelling still works", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+FORMATS = ("text", "json", "markdown", "csv", "latex")  # bart_opt.report.tables.FORMATS, without importing tabulate
+
+
+def _format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS,
+                        help="print the scores on stdout as one table (a row per system, a column per metric score: "
+                             "the mean [95%% interval]) in text, markdown, csv or latex, or the metrics as JSON "
+                             "(default: the metrics as JSON on stdout and the ROUGE lines on stderr)")
+
+
+def print_metrics(metrics: dict, fmt: str | None, ensure_ascii: bool = True) -> None:
+    """A run's metrics as `fmt` asks (`bart_opt.report.tables`); no `fmt`: the JSON on stdout and the ROUGE
+    lines on stderr."""
+    if fmt is None or fmt == "json":
+        print(json.dumps(metrics, indent=2, ensure_ascii=ensure_ascii))
+        if fmt is None:
+            print(rouge_lines(metrics), file=sys.stderr)
+        return
+    from bart_opt.report.tables import render, score_table, systems
+
+    table = score_table(systems(metrics))
+    print(render(table, fmt))
+    if fmt == "csv":  # a CSV holds the signatures in a column, and nothing else
+        for note in table.notes:
+            print(note, file=sys.stderr)
 
 
 def _rouge_options(parser: argparse.ArgumentParser) -> None:
@@ -229,17 +272,6 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 _EARLY_STOPPING = {str(value).lower(): value for value in EARLY_STOPPING}  # "true" -> True, "never" -> "never"
-
-
-def _ray_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("on a Ray cluster (pip install 'bart-opt[ray]')")
-    group.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                       help="run replicas of the model on a Ray cluster: no ADDRESS (or 'local') starts a Ray "
-                            "instance here, 'auto' joins this node's cluster (ray start), HOST:PORT the cluster there")
-    group.add_argument("--replicas", type=int, help="model replicas (default: as many as the cluster holds)")
-    group.add_argument("--gpus-per-replica", type=float, help="GPUs of each replica (default 0: on the CPU)")
-    group.add_argument("--threads-per-replica", type=int, help="torch threads (and Ray CPUs) of each replica "
-                                                               "(default 1)")
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
@@ -350,17 +382,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         elif args.ray is not None:
             metrics = evaluate_on_ray(args, records, source, baselines, rouge)
         else:
-            for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
-                if getattr(args, option) is not None:
-                    raise CliError(f"--{option.replace('_', '-')} needs --ray")
+            for option in cluster.flag_fields()[1:]:
+                if getattr(args, cluster.dest_of(option)) is not None:
+                    raise CliError(f"{option.metadata['flag']} needs --ray")
             metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
                                      progress=not args.no_progress, source=source, overwrite=args.overwrite,
                                      baselines=baselines, rouge=rouge)
     except FailureStreak as error:
         raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
                        "reasons)") from error
-    print(json.dumps(metrics, indent=2))
-    print(rouge_lines(metrics), file=sys.stderr)
+    print_metrics(metrics, args.format)
     return 0
 
 
@@ -369,7 +400,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
     (with `baselines` scored beside it)."""
     try:
-        from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaPool
+        from bart_opt.distributed import ClusterError, ReplicaPool
     except ModuleNotFoundError as error:
         if error.name is None or error.name.split(".")[0] != "ray":
             raise
@@ -381,9 +412,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
                             ("torch_threads", "give replicas threads with --threads-per-replica")):
         if getattr(args, option) is not None:
             raise CliError(f"--{option.replace('_', '-')} does not apply with --ray: {instead}")
-    given = {name: getattr(args, name) for name in ("replicas", "gpus_per_replica", "threads_per_replica")
-             if getattr(args, name) is not None}
-    options = ClusterOptions(address=args.ray, **given)
+    options = cluster.from_cli_args(args)
     config = from_cli_args(args)
     resolve_checkpoint(config.model)  # a missing checkpoint is this command's error, not a replica's
     pool = ReplicaPool(config, options, name=args.model,
@@ -413,20 +442,43 @@ def cmd_score(args: argparse.Namespace) -> int:
     columns = Columns(id=args.id_column, prediction=args.prediction_column, reference=args.reference_column)
     metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
                           name=args.name, overwrite=args.overwrite)
-    print(json.dumps(metrics, indent=2, ensure_ascii=False))
-    print(rouge_lines(metrics), file=sys.stderr)
+    print_metrics(metrics, args.format, ensure_ascii=False)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Compare run folders (the first is the baseline) and print tables, or JSON with --json."""
+    """Compare run folders (the first is the baseline) and print the text report, JSON (--json, --format json) or
+    the significance table in another --format."""
     from bart_opt.compare import compare_runs, format_report, load_run
 
     if len(args.runs) < 2:
         raise CliError("give at least two run folders")
     runs = [load_run(folder) for folder in args.runs]
     result = compare_runs(runs, metric=args.metric, resamples=args.resamples, seed=args.seed, top=args.top)
-    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else format_report(result))
+    if args.format is None:
+        print(format_report(result))
+    elif args.format == "json":
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        from bart_opt.report.tables import comparison_table, render
+
+        print(render(comparison_table(result), args.format))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the plots, report.md and model-index.yaml of run folders into --out (`bart_opt.report.write`)."""
+    try:
+        import matplotlib  # noqa: F401  (checked here: the plots import it only as they draw)
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "matplotlib":
+            raise
+        raise CliError("the plots need matplotlib: pip install 'bart-opt[report]'") from None
+    from bart_opt.report.write import write_report
+
+    written = write_report(args.runs, args.out, model_name=args.model_name, resamples=args.resamples, seed=args.seed)
+    for path in written:
+        print(path)
     return 0
 
 

@@ -171,9 +171,8 @@ HTTP = ("fastapi", "starlette", "app.errors")
 """What the jobs must not import (issue 39's contract): the domain raises its own errors, app/errors.py maps them."""
 
 
-@pytest.mark.xfail(strict=True, reason="app/jobs/service.py and listing.py still raise app.errors.ApiError: issue "
-                                       "39b moves them to domain errors (the merger removes this mark)")
 def test_the_jobs_import_no_http():
+    # tests/app/test_errors.py checks the summarize core too; this one also catches ``from app import errors``.
     assert imports_of(REPO, "app/jobs", HTTP, at_import_time=False) == {}
 
 

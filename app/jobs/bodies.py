@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.jobs.job import Job
+from app.jobs.paths import shown_model
 from app.schemas import GenerationOptions, RougeAggregate, RougeOptions
-from app.engine import shown_model
 from bart_opt.baselines import BASELINES
 
 BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines

@@ -51,6 +51,8 @@ from sqlalchemy import create_engine, event, exc
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import QueuePool
 
+from bart_opt.surfaces import surfaced
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # two letters at least: not a drive letter
 _POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
 _URL_FORMS = "a file path, sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
@@ -140,12 +142,15 @@ class StoreConflict(StoreError):
 class PoolLimits:
     """The connection pool of one store: `size` connections kept open, `overflow` more while
     busy (closed when given back), `timeout_s` a caller waits for one, `connect_timeout_s` to
-    open one to a server."""
+    open one to a server. Each is a service setting (`bart_opt.surfaces`: ``BART_OPT_DB_POOL_SIZE``, ...)."""
 
-    size: int = 5
-    overflow: int = 10
-    timeout_s: float = 10.0
-    connect_timeout_s: float = 10.0
+    size: int = surfaced(5, "connections to the jobs database each process keeps open", setting="db_pool_size", ge=1)
+    overflow: int = surfaced(10, "connections each process may open beyond db_pool_size while busy (closed when "
+                                 "idle)", setting="db_max_overflow", ge=0)
+    timeout_s: float = surfaced(10.0, "seconds a request waits for a free database connection before it is refused",
+                                setting="db_pool_timeout_s", gt=0)
+    connect_timeout_s: float = surfaced(10.0, "seconds to open a connection to a database server",
+                                        setting="db_connect_timeout_s", gt=0)
 
 
 def database_url(value: str | Path) -> URL:

@@ -8,9 +8,10 @@ How a job runs (``JobRunner._run``):
 2. Its run is `bart_opt.evaluate.core.evaluate_records` over the job's pending records
    (`app.jobs.storage.StoreSource`: no prediction yet, this is the whole resume, a window at a
    time) into the jobs database (`app.jobs.storage.StoreSink`: one transaction per row batch),
-   with the runner's executor: the service's device worker (`SummarizerExecutor` on a
-   `app.engine.WorkerDevice`: each planned batch one ``Kind.JOB`` item, which ``POST /summarize``
-   goes before up to its burst limit, the next batch queued while one is written) or, with
+   with the runner's executor: the engine's (`app.jobs.ports.JobEngine.executor`; the service's is
+   its device worker, `SummarizerExecutor` on a `app.engine.WorkerDevice`: each planned batch one
+   ``Kind.JOB`` item, which ``POST /summarize`` goes before up to its burst limit, the next batch
+   queued while one is written) or, with
    ``BART_OPT_RAY_ADDRESS``, the replicas of a `bart_opt.distributed.ReplicaPool`. The core holds
    the rules: refused and failed rows, dedupe by id, failure splitting, the failure streak.
 3. When every record has a row, the job ends: ``failed`` with the first reasons when every
@@ -46,17 +47,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from app.engine import Engine, shown_model
 from app.jobs.job import Job
+from app.jobs.paths import shown_model
+from app.jobs.ports import GIVEN_UP, JobEngine
 from app.jobs.storage import Interrupted, StoreSink, StoreSource
 from app.jobs.store import JobStore, StoreConflict, StoreError, describe_store_error
-from app.worker import State
 from bart_opt.evaluate.core import Executor, FailureStreak, RunControl, evaluate_records
 from bart_opt.evaluate.external import ScoringExecutor
 from bart_opt.evaluate.metrics import RowTotals, metrics_from_rows, score_baselines
 from bart_opt.evaluate.record import engine_key
 from bart_opt.rouge import RougeSettings
 from bart_opt.spec import GenerationSpec
+from bart_opt.surfaces import surfaced
 
 logger = logging.getLogger("app.jobs")
 
@@ -67,13 +69,20 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class RunnerConfig:
     """The runner's settings: lease length, window size, how long a store error is retried, and how long
-    a job of another engine waits for a replica of its engine before this runner fails it."""
+    a job of another engine waits for a replica of its engine before this runner fails it. Each field is
+    also a service setting (`bart_opt.surfaces`: ``BART_OPT_JOB_LEASE_S``, ...)."""
 
-    lease_s: float = 30.0
-    window_records: int = 512
-    window_chars: int = 2_000_000
-    store_retry_s: float = 60.0
-    engine_wait_s: float = 300.0
+    lease_s: float = surfaced(30.0, "seconds a process's claim on a job holds unrenewed; a dead owner's job is taken "
+                                    "over after it", setting="job_lease_s", gt=0)
+    window_records: int = surfaced(512, "records a running job tokenizes and plans at a time", setting="job_window",
+                                   ge=1)
+    window_chars: int = surfaced(2_000_000, "characters a running job tokenizes at a time (about)",
+                                 setting="job_window_chars", ge=1)
+    store_retry_s: float = surfaced(60.0, "seconds a running job retries a failing jobs database before it is failed",
+                                    setting="store_retry_s", ge=0)
+    engine_wait_s: float = surfaced(300.0, "seconds a job submitted to another engine (other dtype, mode, static, "
+                                           "EL-attention, quantize or device) waits for a replica with that engine "
+                                           "before this one fails it, naming both", setting="job_engine_wait_s", gt=0)
 
 
 class _StoreDown(Exception):
@@ -89,7 +98,7 @@ class JobRunner:
 
     idle_poll_s = 1.0  # how often an idle runner looks for jobs queued by other processes
 
-    def __init__(self, store: JobStore, engine: Engine, executor: Callable[[], Executor], config: RunnerConfig,
+    def __init__(self, store: JobStore, engine: JobEngine, executor: Callable[[], Executor], config: RunnerConfig,
                  owner: str, store_ready: threading.Event):
         self.store = store
         self.engine = engine
@@ -231,7 +240,7 @@ class JobRunner:
         while not self._stop.is_set():
             if self.engine.wait_ready(0.2):
                 return True
-            if self.engine.state in (State.FAILED, State.STOPPED):
+            if self.engine.state in GIVEN_UP:
                 return False
             self._stop.wait(0.1)
         return False

@@ -33,6 +33,6 @@ def missing(extra: str) -> list[str]:
 
 
 def require(extra: str, what: str) -> None:
-    """Raise `MissingExtra` naming `what` (e.g. ``bart-opt serve``) where any module of `extra` is missing."""
+    """Raise `MissingExtra` naming `what` (e.g. ``the service``) where any module of `extra` is missing."""
     if absent := missing(extra):
         raise MissingExtra(what, extra, absent)

@@ -158,6 +158,12 @@ class Settings(engine_settings()):
     rouge_lang: str = Field("en", description="ROUGE language of jobs that name none (an ISO 639-1 code: its stemmer "
                             "and rougeLsum sentence splitting).")
 
+    mlflow_uri: str | None = Field(
+        None, description="Log each finished evaluation job as a run in MLflow at this tracking URI (http://HOST:PORT, "
+        "sqlite:///PATH, ...; the tracking extra): params, metrics and artifacts as bart-opt evaluate --mlflow logs "
+        "them. A failure to log is one of the job's warnings, never a failed job. Unset: MLflow is not imported."
+    )
+
     ray_address: str | None = Field(
         None, description="Run evaluation jobs on this Ray cluster: 'auto' (the cluster this node joined with "
         "`ray start`), HOST:PORT of its head, or 'local' (a Ray instance started here). Unset: jobs run on the "
@@ -222,6 +228,19 @@ class Settings(engine_settings()):
     @classmethod
     def _empty_address_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
+
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _check_mlflow_uri(cls, value: str | None) -> str | None:
+        """An empty URI is none; a URI without MLflow installed is refused at start, not at the first job's end."""
+        import importlib.util
+
+        from bart_opt.tracking import INSTALL
+
+        value = value.strip() or None if value is not None else None
+        if value is not None and importlib.util.find_spec("mlflow") is None:
+            raise ValueError(f"BART_OPT_MLFLOW_URI needs MLflow: {INSTALL}")
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -17,7 +17,8 @@ How a job runs (``JobRunner._run``):
    example failed, else ``succeeded`` with metrics computed from all stored rows, streamed in
    record order (`bart_opt.evaluate.metrics`), so ROUGE is the same however many times the job
    was interrupted, and the baselines it asked for. Scores use the job's own ROUGE settings
-   (``rouge_settings``), and the metrics carry the job's signature.
+   (``rouge_settings``), and the metrics carry the job's signature. With ``BART_OPT_MLFLOW_URI``
+   the finished job is logged to MLflow first (`app.jobs.tracking`; a failure is a warning of the job).
 
 A job carries its engine (``engine_key``, `bart_opt.evaluate.record.engine_key`): a runner claims only
 jobs of its own engine (`JobStore.claim_next`), so two replicas with other ``BART_OPT_*`` engine
@@ -66,14 +67,16 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner's settings: lease length, window size, how long a store error is retried, and how long
-    a job of another engine waits for a replica of its engine before this runner fails it."""
+    """The runner's settings: lease length, window size, how long a store error is retried, how long
+    a job of another engine waits for a replica of its engine before this runner fails it, and the MLflow
+    tracking URI finished jobs are logged to (None: none)."""
 
     lease_s: float = 30.0
     window_records: int = 512
     window_chars: int = 2_000_000
     store_retry_s: float = 60.0
     engine_wait_s: float = 300.0
+    mlflow_uri: str | None = None
 
 
 class _StoreDown(Exception):
@@ -411,6 +414,10 @@ class JobRunner:
         if job.baselines:  # on this thread, on the CPU: the device goes on with other work
             metrics["baselines"] = self._store(lambda: score_baselines(
                 job.baselines, lambda: self.store.iter_records(job_id), rouge.scorer()))
+        if self.config.mlflow_uri is not None:  # before it finishes: the job's view says where it went, or why not
+            from app.jobs.tracking import tracked
+
+            metrics = tracked(self.config.mlflow_uri, self.store, job, record, metrics)
         if self._store(self.store.finish, job_id, self.owner, metrics):
             logger.info("job %s succeeded (%d of %d examples failed)", job_id, job.failed, job.total)
 

@@ -81,7 +81,7 @@ class JobService:
         self._store_ready = threading.Event()
         config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
                               window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s,
-                              engine_wait_s=settings.job_engine_wait_s)
+                              engine_wait_s=settings.job_engine_wait_s, mlflow_uri=settings.mlflow_uri)
         self.runner = JobRunner(self.store, engine, self._executor, config, self.owner, self._store_ready)
         limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
         self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)

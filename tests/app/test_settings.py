@@ -198,3 +198,20 @@ def test_bart_opt_serve_with_exact_and_fast_exits_2_before_loading_anything(tmp_
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bart-opt serve: error: BART_OPT_EXACT and BART_OPT_FAST exclude")
     assert not (tmp_path / "jobs.db").exists()  # nothing started: no database, no model
+
+
+@pytest.mark.parametrize("value, expected", [("", None), ("  ", None), ("http://mlflow:5000", "http://mlflow:5000")])
+def test_bart_opt_mlflow_uri_is_the_tracking_uri_of_jobs(value, expected, monkeypatch):
+    monkeypatch.setenv("BART_OPT_MLFLOW_URI", value)
+    assert Settings().mlflow_uri == expected
+
+
+def test_bart_opt_mlflow_uri_without_mlflow_is_refused_at_start(monkeypatch):
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "mlflow" else found(name, *rest))
+    with pytest.raises(ValidationError) as refused:
+        Settings(mlflow_uri="http://ops:pw@mlflow:5000")
+    assert "BART_OPT_MLFLOW_URI needs MLflow: pip install 'bart-opt[tracking]'" in str(refused.value)
+    assert "pw@" not in str(refused.value)

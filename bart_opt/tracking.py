@@ -177,7 +177,8 @@ class MlflowRun:
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         for start in range(0, len(points), 1000):  # and at most 1000 metrics
             self.client.log_batch(self.run_id, metrics=points[start:start + 1000])
-        for path in [folder / name for name in ARTIFACTS if (folder / name).is_file()] + [Path(p) for p in extra_artifacts]:
+        files = [folder / name for name in ARTIFACTS if (folder / name).is_file()]
+        for path in files + [Path(p) for p in extra_artifacts]:
             self.client.log_artifact(self.run_id, str(path))
 
     def end(self, status: str) -> None:

@@ -40,7 +40,8 @@ def tracked(uri: str, store: JobStore, job: Job, record: dict[str, Any], metrics
         failed = _logged(run, store, job, record, metrics)
     if failed is None:
         logger.info("job %s logged to MLflow at %s as run %s", job.id, shown, run.run_id)
-        return {**metrics, "tracking": {"run_id": run.run_id, "experiment_id": run.experiment_id, "tracking_uri": shown}}
+        where = {"run_id": run.run_id, "experiment_id": run.experiment_id, "tracking_uri": shown}
+        return {**metrics, "tracking": where}
     logger.warning("job %s was not logged to MLflow: %s", job.id, failed)
     warning = f"MLflow: the job was not logged to {shown} ({failed})"
     return {**metrics, "warnings": [*metrics.get("warnings", []), warning], "tracking": {"error": failed}}

@@ -210,7 +210,8 @@ def test_bart_opt_mlflow_uri_without_mlflow_is_refused_at_start(monkeypatch):
     import importlib.util
 
     found = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *rest: None if name == "mlflow" else found(name, *rest))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "mlflow" else found(name, *rest))
     with pytest.raises(ValidationError) as refused:
         Settings(mlflow_uri="http://ops:pw@mlflow:5000")
     assert "BART_OPT_MLFLOW_URI needs MLflow: pip install 'bart-opt[tracking]'" in str(refused.value)

@@ -134,11 +134,13 @@ def test_evaluate_logs_its_run_to_a_real_tracking_server(mlflow_server, demo_che
     for kind in ("rouge1", "rouge2", "rougeL", "rougeLsum"):
         interval = metrics["rouge"][kind]
         assert logged[kind] == interval["mid"]["fmeasure"]
-        assert logged[f"{kind}_low"] == interval["low"]["fmeasure"] and logged[f"{kind}_high"] == interval["high"]["fmeasure"]
+        assert logged[f"{kind}_low"] == interval["low"]["fmeasure"]
+        assert logged[f"{kind}_high"] == interval["high"]["fmeasure"]
         assert logged[f"lead-3.{kind}"] == metrics["baselines"]["lead-3"]["rouge"][kind]["mid"]["fmeasure"]
     assert logged["n_scored"] == metrics["n_scored"] == 3 and logged["tokens.output"] == metrics["tokens"]["output"]
     progress = client.get_metric_history(run.info.run_id, "progress.records")
-    assert progress[-1].step == progress[-1].value == 3 and [p.step for p in progress] == sorted(p.step for p in progress)
+    assert progress[-1].step == progress[-1].value == 3
+    assert [point.step for point in progress] == sorted(point.step for point in progress)
 
     assert {item.path for item in client.list_artifacts(run.info.run_id)} == {"predictions.jsonl", "metrics.json",
                                                                             "run.json"}
@@ -182,6 +184,15 @@ def test_an_unreachable_server_is_refused_before_any_work(demo_checkpoint, cnn_f
     assert "Connection refused" in err and "s3cret" not in err and "Traceback" not in err and err.count("\n") == 1
     assert not out.exists()
     assert elapsed < 60, f"{elapsed:.0f} s: the reachability check retried"
+
+
+def test_tracking_without_mlflow_installed_says_how_to_install_it(predictions_file, tmp_path, capsys, monkeypatch):
+    for module in ("mlflow.exceptions", "mlflow.tracking"):
+        monkeypatch.setitem(sys.modules, module, None)  # an import of it fails as for a missing package
+    assert main(["score", str(predictions_file), "--out", str(tmp_path / "o"), "--mlflow", "http://mlflow:5000"]) == 2
+    assert capsys.readouterr().err == ("bart-opt score: error: tracking in MLflow (http://mlflow:5000) needs MLflow: "
+                                       "pip install 'bart-opt[tracking]'\n")
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_tracking_failure_mid_run_keeps_the_evaluation(file_store, demo_checkpoint, cnn_file, tmp_path, capsys,

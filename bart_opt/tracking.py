@@ -7,8 +7,10 @@
 `MlflowRun.start` opens the run before the evaluation starts: an MLflow that is not installed, a
 server that cannot be reached or a store that refuses is a `TrackingError` then (its message shows
 the URI with its password hidden, `bart_opt.redaction.redacted`), not after an hour of work. The
-reachability check makes no retries and waits `CHECK_TIMEOUT_S` at most (MLflow's own default retries
-a refused connection for about four minutes); the user's ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and
+reachability checks (at the start, and again before the final logging), the progress points and
+ending a failed run make no retries and wait `CHECK_TIMEOUT_S` at most (MLflow's own default retries a
+refused connection for about four minutes); the final logging, once the server answered, keeps MLflow's
+retries. The user's ``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and
 ``MLFLOW_HTTP_REQUEST_TIMEOUT`` are kept where set.
 
 While the evaluation runs, `MlflowRun.progress` logs ``progress.records`` (records with a row,
@@ -142,7 +144,8 @@ class MlflowRun:
         points = [Metric("progress.records", done, stamp, done),
                   Metric("progress.fraction", done / total if total else 1.0, stamp, done)]
         try:
-            self.client.log_batch(self.run_id, metrics=points)
+            with _without_retries():  # a server gone mid-run costs the evaluation seconds, not minutes
+                self.client.log_batch(self.run_id, metrics=points)
         except Exception as error:  # noqa: BLE001 - a tracker that fails never stops the evaluation
             self._progress_failed = True
             self.on_warning(f"MLflow at {self.shown_uri}: progress is no longer logged ({_reason(error, self.uri)}); "
@@ -155,6 +158,8 @@ class MlflowRun:
         the folder itself is complete whatever MLflow does."""
         folder = Path(folder)
         try:
+            with _without_retries():  # a server gone during the evaluation is told at once, not after minutes
+                self.client.get_run(self.run_id)
             run = json.loads((folder / "run.json").read_text(encoding="utf-8"))
             metrics = json.loads((folder / "metrics.json").read_text(encoding="utf-8"))
             self.log_folder(folder, run, metrics, extra_artifacts)
@@ -182,12 +187,14 @@ class MlflowRun:
             self.client.log_artifact(self.run_id, str(path))
 
     def end(self, status: str) -> None:
-        """End the run with `status` (``FAILED``, ``KILLED``); a failure to say so is only logged."""
+        """End the run with `status` (``FAILED``, ``KILLED``). A failure to say so leaves the run ``RUNNING`` in
+        MLflow and is logged at debug level only: the caller reports what went wrong."""
         try:
-            self.client.set_terminated(self.run_id, status)
-        except Exception:  # noqa: BLE001 - the run stays RUNNING in MLflow; nothing else is lost
-            logger.warning("MLflow at %s: run %s could not be ended as %s", self.shown_uri, self.run_id, status,
-                           exc_info=True)
+            with _without_retries():
+                self.client.set_terminated(self.run_id, status)
+        except Exception:  # noqa: BLE001 - nothing but the run's status in MLflow is lost
+            logger.debug("MLflow at %s: run %s could not be ended as %s", self.shown_uri, self.run_id, status,
+                         exc_info=True)
 
     @contextmanager
     def ended_on_error(self) -> Iterator[MlflowRun]:
@@ -276,7 +283,8 @@ def _reason(error: BaseException, uri: str) -> str:
 @contextmanager
 def _without_retries() -> Iterator[None]:
     """MLflow's HTTP requests inside the block make no retries and wait `CHECK_TIMEOUT_S` at most (unless the
-    user set MLflow's own variables), so an unreachable server is told at once."""
+    user set MLflow's own variables), so an unreachable server is told at once. MLflow reads them at each
+    request; they are set for the block only."""
     limits = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(CHECK_TIMEOUT_S)}
     added = [name for name in limits if name not in os.environ]
     os.environ.update({name: limits[name] for name in added})

@@ -22,8 +22,8 @@ resumed ones included; step: the same count) and ``progress.fraction``, at most 
   ``dataset.fingerprint``, ``rouge_settings.tokenizer``, ...), and each metric's signature
   (``signature.rouge``, ``signature.<baseline>``, ``signature.<metric>``);
 - metrics: each aggregate at its point estimate with its interval bounds (``rouge1``,
-  ``rouge1_low``, ``rouge1_high``: ROUGE's F-measure; ``<baseline>.rouge1``...; any other metric of
-  metrics.json as ``<name>.<score>``, ``_low``, ``_high``), and the counts and times (``n_scored``,
+  ``rouge1_low``, ``rouge1_high``: ROUGE's F-measure; any other metric of metrics.json as
+  ``<name>.<score>``, ``_low``, ``_high``; a baseline's the same under its name: ``lead-3.rouge1``), and the counts and times (``n_scored``,
   ``runtime_s``, ``tokens.input``, ``memory.peak_bytes``, ...);
 - artifacts: predictions.jsonl, metrics.json and run.json, and the paths given as `extra_artifacts`
   (a report's plots).
@@ -226,18 +226,9 @@ def folder_params(run: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[st
 
 def folder_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     """The metrics of a run from its `metrics` (metrics.json): see the module docstring."""
-    found = dict(_rouge_points("", metrics.get("rouge")))
+    found = dict(_aggregates("", metrics))
     for name, baseline in metrics.get("baselines", {}).items():
-        found.update(_rouge_points(f"{name}.", baseline.get("rouge")))
-    for name, value in metrics.items():
-        if name in _NOT_AGGREGATES or not isinstance(value, Mapping):
-            continue
-        for score, interval in value.items():
-            if isinstance(interval, Mapping) and _is_number(interval.get("mid")):
-                found[f"{name}.{score}"] = float(interval["mid"])
-                for bound in ("low", "high"):
-                    if _is_number(interval.get(bound)):
-                        found[f"{name}.{score}_{bound}"] = float(interval[bound])
+        found.update(_aggregates(f"{name}.", baseline))
     found.update((key, float(value)) for key, value in metrics.items() if _is_number(value))
     for group in _MEASURES:
         found.update((f"{group}.{key}", float(value)) for key, value in (metrics.get(group) or {}).items()
@@ -245,12 +236,22 @@ def folder_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return found
 
 
-def _rouge_points(prefix: str, rouge: Mapping[str, Any] | None) -> Iterator[tuple[str, float]]:
-    """ROUGE's F-measures of one system: ``rouge1`` (the point estimate), ``rouge1_low``, ``rouge1_high``."""
-    for kind, interval in (rouge or {}).items():
+def _aggregates(prefix: str, system: Mapping[str, Any]) -> Iterator[tuple[str, float]]:
+    """One system's aggregates with their bounds: ROUGE's F-measures (``rouge1``, ``rouge1_low``,
+    ``rouge1_high``), then every other metric's scores (``<name>.<score>``, ``_low``, ``_high``)."""
+    for kind, interval in (system.get("rouge") or {}).items():
         yield f"{prefix}{kind}", float(interval["mid"]["fmeasure"])
         for bound in ("low", "high"):
             yield f"{prefix}{kind}_{bound}", float(interval[bound]["fmeasure"])
+    for name, value in system.items():
+        if name in _NOT_AGGREGATES or not isinstance(value, Mapping):
+            continue
+        for score, interval in value.items():
+            if isinstance(interval, Mapping) and _is_number(interval.get("mid")):
+                yield f"{prefix}{name}.{score}", float(interval["mid"])
+                for bound in ("low", "high"):
+                    if _is_number(interval.get(bound)):
+                        yield f"{prefix}{name}.{score}_{bound}", float(interval[bound])
 
 
 def _flattened(value: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

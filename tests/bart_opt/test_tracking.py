@@ -222,12 +222,14 @@ def test_params_and_metrics_take_every_metric_of_metrics_json():
         "signature": "rouge-sig", "n_scored": 7, "model_s_last_run": None, "flag": True,
         "rouge": {"rouge1": interval},
         "bertscore": {"f1": {"low": 0.8, "mid": 0.85, "high": 0.9}, "signature": "bertscore-sig"},
-        "baselines": {"lead-3": {"rouge": {"rouge1": interval}, "signature": "lead-sig"}},
+        "baselines": {"lead-3": {"rouge": {"rouge1": interval}, "signature": "lead-sig",
+                                 "bertscore": {"f1": {"low": 0.7, "mid": 0.75, "high": 0.8}}}},
         "generation": {"num_beams": 4}, "tokens": {"input": 10}, "warnings": ["x"],
     }
     assert folder_metrics(metrics) == {
         "rouge1": 0.2, "rouge1_low": 0.1, "rouge1_high": 0.3, "lead-3.rouge1": 0.2, "lead-3.rouge1_low": 0.1,
-        "lead-3.rouge1_high": 0.3, "bertscore.f1": 0.85, "bertscore.f1_low": 0.8, "bertscore.f1_high": 0.9,
+        "lead-3.rouge1_high": 0.3, "lead-3.bertscore.f1": 0.75, "lead-3.bertscore.f1_low": 0.7,
+        "lead-3.bertscore.f1_high": 0.8, "bertscore.f1": 0.85, "bertscore.f1_low": 0.8, "bertscore.f1_high": 0.9,
         "n_scored": 7.0, "tokens.input": 10.0,
     }
     run = {"system": "bart", "generation": {"num_beams": 4, "eos_token_id": [2], "early_stopping": True},

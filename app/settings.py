@@ -224,6 +224,19 @@ class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), Clus
     def _empty_address_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
 
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _check_mlflow_uri(cls, value: str | None) -> str | None:
+        """An empty URI is none; a URI without MLflow installed is refused at start, not at the first job's end."""
+        import importlib.util
+
+        from bart_opt.tracking import INSTALL
+
+        value = value.strip() or None if value is not None else None
+        if value is not None and importlib.util.find_spec("mlflow") is None:
+            raise ValueError(f"BART_OPT_MLFLOW_URI needs MLflow: {INSTALL}")
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:

@@ -12,7 +12,8 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
 from bart_opt import cluster
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     _rouge_options(evaluate)
     _generation_options(evaluate)
     cluster.add_cli_args(evaluate)
+    _tracking_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     score = sub.add_parser("score", help="score another system's predictions (JSONL, JSON, CSV or Parquet) into a "
@@ -143,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
     _format_option(score)
     _rouge_options(score)
+    _tracking_options(score)
     score.set_defaults(func=cmd_score)
 
     compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
@@ -274,6 +277,44 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
 _EARLY_STOPPING = {str(value).lower(): value for value in EARLY_STOPPING}  # "true" -> True, "never" -> "never"
 
 
+def _tracking_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("experiment tracking (pip install 'bart-opt[tracking]')")
+    group.add_argument("--mlflow", metavar="URI",
+                       help="log the run to MLflow at URI (http://HOST:PORT, sqlite:///PATH, ...; default: "
+                            "MLFLOW_TRACKING_URI when set, else no tracking); experiment: MLFLOW_EXPERIMENT_NAME, "
+                            "else bart-opt")
+
+
+def start_tracking(args: argparse.Namespace):
+    """The command's `bart_opt.tracking.MlflowRun` for its ``--out``, started (None without ``--mlflow`` or
+    ``MLFLOW_TRACKING_URI``); a tracker that cannot be used is a `CliError` before any work."""
+    from bart_opt.tracking import MlflowRun, TrackingError, tracking_uri
+
+    uri = tracking_uri(args.mlflow)
+    if uri is None:
+        return None
+    try:
+        run = MlflowRun.for_folder(uri, args.out, args.command, on_warning=lambda message: print(
+            f"bart-opt {args.command}: warning: {message}", file=sys.stderr))
+    except TrackingError as error:
+        raise CliError(str(error)) from None
+    print(f"bart-opt {args.command}: logging to MLflow at {run.shown_uri} (experiment {run.experiment_id}, "
+          f"run {run.run_id})", file=sys.stderr)
+    return run
+
+
+def finish_tracking(run, args: argparse.Namespace) -> None:
+    """Log the finished run folder (``--out``) to the command's MLflow run, if any (a failure is a warning)."""
+    if run is None:
+        return
+    failed = run.finish(args.out)
+    if failed is None:
+        print(f"bart-opt {args.command}: logged run {run.run_id} to MLflow", file=sys.stderr)
+    else:
+        print(f"bart-opt {args.command}: warning: MLflow at {run.shown_uri}: run {run.run_id} could not be logged "
+              f"({failed}); {args.out} is complete: rerun the same command to log it again", file=sys.stderr)
+
+
 def generation_kwargs(args: argparse.Namespace) -> dict:
     """Generation overrides given on the command line (unset options left out)."""
     kwargs = {name: getattr(args, name) for name in REQUEST_OPTIONS if getattr(args, name) is not None}
@@ -366,39 +407,43 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.data is not None and not Path(args.data).is_file():
         raise CliError(f"no such file: {args.data}")
     check_run_folder(args.out, overwrite=args.overwrite)  # the stored rows and files, before the model loads
-    records = load_records(
-        hub=args.dataset, config=args.dataset_config, split=args.split, file=args.data,
-        text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,
-        limit=args.limit,
-    )
-    source = args.data if args.data is not None else " ".join(
-        part for part in (args.dataset, args.dataset_config, args.split) if part)
-    try:
-        if is_baseline(args.model):
-            if args.ray is not None:
-                raise CliError(f"{args.model} is a baseline: --ray does not apply")
-            metrics = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
-                                              overwrite=args.overwrite)
-        elif args.ray is not None:
-            metrics = evaluate_on_ray(args, records, source, baselines, rouge)
-        else:
-            for option in cluster.flag_fields()[1:]:
-                if getattr(args, cluster.dest_of(option)) is not None:
-                    raise CliError(f"{option.metadata['flag']} needs --ray")
-            metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
-                                     progress=not args.no_progress, source=source, overwrite=args.overwrite,
-                                     baselines=baselines, rouge=rouge)
-    except FailureStreak as error:
-        raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
-                       "reasons)") from error
+    tracker = start_tracking(args)  # an unreachable tracking server is refused before any work
+    with tracker.ended_on_error() if tracker is not None else nullcontext():
+        records = load_records(
+            hub=args.dataset, config=args.dataset_config, split=args.split, file=args.data,
+            text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,
+            limit=args.limit,
+        )
+        source = args.data if args.data is not None else " ".join(
+            part for part in (args.dataset, args.dataset_config, args.split) if part)
+        on_progress = tracker.progress if tracker is not None else None
+        try:
+            if is_baseline(args.model):
+                if args.ray is not None:
+                    raise CliError(f"{args.model} is a baseline: --ray does not apply")
+                metrics = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
+                                                  overwrite=args.overwrite)
+            elif args.ray is not None:
+                metrics = evaluate_on_ray(args, records, source, baselines, rouge, on_progress=on_progress)
+            else:
+                for option in cluster.flag_fields()[1:]:
+                    if getattr(args, cluster.dest_of(option)) is not None:
+                        raise CliError(f"{option.metadata['flag']} needs --ray")
+                metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
+                                         progress=not args.no_progress, on_progress=on_progress, source=source,
+                                         overwrite=args.overwrite, baselines=baselines, rouge=rouge)
+        except FailureStreak as error:
+            raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
+                           "reasons)") from error
     print_metrics(metrics, args.format)
+    finish_tracking(tracker, args)
     return 0
 
 
 def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = (),
-                    rouge=None) -> dict:
+                    rouge=None, on_progress: Callable[[int, int], None] | None = None) -> dict:
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
-    (with `baselines` scored beside it)."""
+    (with `baselines` scored beside it, and `on_progress` told as `run_evaluation` tells it)."""
     try:
         from bart_opt.distributed import ClusterError, ReplicaPool
     except ModuleNotFoundError as error:
@@ -420,7 +465,8 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     try:
         pool.start()  # a cluster that cannot hold the replicas is refused before the run folder is touched
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, baselines=baselines, rouge=rouge)
+                                 on_progress=on_progress, source=source, overwrite=args.overwrite,
+                                 baselines=baselines, rouge=rouge)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
@@ -440,9 +486,12 @@ def cmd_score(args: argparse.Namespace) -> int:
         if name is not None and not Path(name).is_file():
             raise CliError(f"no such file: {name}")
     columns = Columns(id=args.id_column, prediction=args.prediction_column, reference=args.reference_column)
-    metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
-                          name=args.name, overwrite=args.overwrite)
+    tracker = start_tracking(args)
+    with tracker.ended_on_error() if tracker is not None else nullcontext():
+        metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
+                              name=args.name, overwrite=args.overwrite)
     print_metrics(metrics, args.format, ensure_ascii=False)
+    finish_tracking(tracker, args)
     return 0
 
 

@@ -232,6 +232,10 @@ class JobView(BaseModel):
         None, description="What a running job waits for or runs on (jobs on a Ray cluster), e.g. 'starting 2 "
         "replicas of 1 CPU each (each loads the model)'."
     )
+    tracking: dict | None = Field(
+        None, description="Where the finished job was logged in MLflow (BART_OPT_MLFLOW_URI): run_id, experiment_id "
+        "and tracking_uri (its password hidden), or the error that kept it from being logged; None without tracking."
+    )
     runs: int
     links: dict[str, str]
 
@@ -278,6 +282,7 @@ class JobView(BaseModel):
             padding=metrics.get("padding"),
             error=job.error,
             status_detail=job.status_detail,
+            tracking=metrics.get("tracking"),
             runs=job.runs,
             links={"self": f"/evaluate/{job.id}", "predictions": f"/evaluate/{job.id}/predictions",
                    "errors": f"/evaluate/{job.id}/predictions?errors=only"},

@@ -18,7 +18,8 @@ How a job runs (``JobRunner._run``):
    example failed, else ``succeeded`` with metrics computed from all stored rows, streamed in
    record order (`bart_opt.evaluate.metrics`), so ROUGE is the same however many times the job
    was interrupted, and the baselines it asked for. Scores use the job's own ROUGE settings
-   (``rouge_settings``), and the metrics carry the job's signature.
+   (``rouge_settings``), and the metrics carry the job's signature. With ``BART_OPT_MLFLOW_URI``
+   the finished job is logged to MLflow first (`app.jobs.tracking`; a failure is a warning of the job).
 
 A job carries its engine (``engine_key``, `bart_opt.evaluate.record.engine_key`): a runner claims only
 jobs of its own engine (`JobStore.claim_next`), so two replicas with other ``BART_OPT_*`` engine
@@ -68,9 +69,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner's settings: lease length, window size, how long a store error is retried, and how long
-    a job of another engine waits for a replica of its engine before this runner fails it. Each field is
-    also a service setting (`bart_opt.surfaces`: ``BART_OPT_JOB_LEASE_S``, ...)."""
+    """The runner's settings: lease length, window size, how long a store error is retried, how long
+    a job of another engine waits for a replica of its engine before this runner fails it, and the MLflow
+    tracking URI finished jobs are logged to (None: none). Each field is also a service setting
+    (`bart_opt.surfaces`: ``BART_OPT_JOB_LEASE_S``, ...)."""
 
     lease_s: float = surfaced(30.0, "seconds a process's claim on a job holds unrenewed; a dead owner's job is taken "
                                     "over after it", setting="job_lease_s", gt=0)
@@ -83,6 +85,11 @@ class RunnerConfig:
     engine_wait_s: float = surfaced(300.0, "seconds a job submitted to another engine (other dtype, mode, static, "
                                            "EL-attention, quantize or device) waits for a replica with that engine "
                                            "before this one fails it, naming both", setting="job_engine_wait_s", gt=0)
+    mlflow_uri: str | None = surfaced(None, "log each finished evaluation job as a run in MLflow at this tracking URI "
+                                      "(http://HOST:PORT, sqlite:///PATH, ...; the tracking extra): params, metrics and "
+                                      "artifacts as bart-opt evaluate --mlflow logs them. A failure to log is one of the "
+                                      "job's warnings, never a failed job. Unset: MLflow is not imported",
+                                      setting="mlflow_uri")
 
 
 class _StoreDown(Exception):
@@ -420,6 +427,10 @@ class JobRunner:
         if job.baselines:  # on this thread, on the CPU: the device goes on with other work
             metrics["baselines"] = self._store(lambda: score_baselines(
                 job.baselines, lambda: self.store.iter_records(job_id), rouge.scorer()))
+        if self.config.mlflow_uri is not None:  # before it finishes: the job's view says where it went, or why not
+            from app.jobs.tracking import tracked
+
+            metrics = tracked(self.config.mlflow_uri, self.store, job, record, metrics)
         if self._store(self.store.finish, job_id, self.owner, metrics):
             logger.info("job %s succeeded (%d of %d examples failed)", job_id, job.failed, job.total)
 

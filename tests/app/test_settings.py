@@ -305,3 +305,21 @@ def test_the_jobs_components_are_built_from_their_settings_with_the_defaults_the
     monkeypatch.setenv("BART_OPT_ROUGE_LANG", "de")
     monkeypatch.setenv("BART_OPT_ROUGE_TOKENIZER", "unicode")
     assert Settings().jobs_config().rouge_settings(lang="fr") == RougeSettings(tokenizer="unicode", lang="fr")
+
+
+@pytest.mark.parametrize("value, expected", [("", None), ("  ", None), ("http://mlflow:5000", "http://mlflow:5000")])
+def test_bart_opt_mlflow_uri_is_the_tracking_uri_of_jobs(value, expected, monkeypatch):
+    monkeypatch.setenv("BART_OPT_MLFLOW_URI", value)
+    assert Settings().mlflow_uri == expected
+
+
+def test_bart_opt_mlflow_uri_without_mlflow_is_refused_at_start(monkeypatch):
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "mlflow" else found(name, *rest))
+    with pytest.raises(ValidationError) as refused:
+        Settings(mlflow_uri="http://ops:pw@mlflow:5000")
+    assert "BART_OPT_MLFLOW_URI needs MLflow: pip install 'bart-opt[tracking]'" in str(refused.value)
+    assert "pw@" not in str(refused.value)

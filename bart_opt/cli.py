@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _rouge_options(evaluate)
+    _metric_options(evaluate)
     _generation_options(evaluate)
     _ray_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
@@ -143,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--name", help="how reports name the system (default: the file's name without extension)")
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
     _rouge_options(score)
+    _metric_options(score)
     score.set_defaults(func=cmd_score)
 
     compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
@@ -196,6 +198,31 @@ def _rouge_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rouge-lang", default="en", metavar="LANG",
                        help="ISO 639-1 code of the texts' language: its stemmer (Porter for en, Snowball where nltk "
                             "has one, else none) and its rougeLsum sentence splitting (default: en)")
+
+
+def _metric_options(parser: argparse.ArgumentParser) -> None:
+    from bart_opt.scoring.registry import DEFAULT, NAMES
+
+    group = parser.add_argument_group("metrics (docs/evaluation.md#metrics-beyond-rouge)")
+    group.add_argument("--metrics", default=",".join(DEFAULT), metavar="NAMES",
+                       help=f"comma list of {', '.join(NAMES)} (default: {','.join(DEFAULT)}: no model); ROUGE is "
+                            "always scored")
+    group.add_argument("--bertscore-model", metavar="DIR_OR_ID", help="the checkpoint --metrics bertscore runs")
+    group.add_argument("--consistency-model", metavar="DIR_OR_ID",
+                       help="the NLI checkpoint --metrics consistency runs")
+
+
+def metric_settings(args: argparse.Namespace, rouge):
+    """The command's `bart_opt.scoring.registry.MetricSettings` (words and sentences in ROUGE's language);
+    `InvalidRequest` naming ``metrics``, ``bertscore_model`` or ``consistency_model``."""
+    from bart_opt.scoring.registry import MODEL_METRICS, MetricSettings, parse_metrics
+
+    device = getattr(args, "device", None) or "auto"
+    if device == "auto":  # the engine's rule: CUDA when there is one, for the model metrics only
+        models = set(parse_metrics(args.metrics)) & set(MODEL_METRICS)
+        device = "cuda" if models and __import__("torch").cuda.is_available() else "cpu"
+    return MetricSettings.for_rouge(rouge, args.metrics, bertscore_model=args.bertscore_model,
+                                    consistency_model=args.consistency_model, device=device)
 
 
 def rouge_settings(args: argparse.Namespace):
@@ -326,6 +353,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     baselines = check_baselines(args.baselines)
     rouge = rouge_settings(args)
+    metrics = metric_settings(args, rouge)
     if is_baseline(args.model):
         _refuse_generation_options(args)
         if baselines:
@@ -344,27 +372,27 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         if is_baseline(args.model):
             if args.ray is not None:
                 raise CliError(f"{args.model} is a baseline: --ray does not apply")
-            metrics = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
-                                              overwrite=args.overwrite)
+            found = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
+                                            overwrite=args.overwrite, metrics=metrics)
         elif args.ray is not None:
-            metrics = evaluate_on_ray(args, records, source, baselines, rouge)
+            found = evaluate_on_ray(args, records, source, baselines, rouge, metrics)
         else:
             for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
                 if getattr(args, option) is not None:
                     raise CliError(f"--{option.replace('_', '-')} needs --ray")
-            metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
-                                     progress=not args.no_progress, source=source, overwrite=args.overwrite,
-                                     baselines=baselines, rouge=rouge)
+            found = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
+                                   progress=not args.no_progress, source=source, overwrite=args.overwrite,
+                                   baselines=baselines, rouge=rouge, metrics=metrics)
     except FailureStreak as error:
         raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
                        "reasons)") from error
-    print(json.dumps(metrics, indent=2))
-    print(rouge_lines(metrics), file=sys.stderr)
+    print(json.dumps(found, indent=2))
+    print(rouge_lines(found), file=sys.stderr)
     return 0
 
 
 def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = (),
-                    rouge=None) -> dict:
+                    rouge=None, metrics=None) -> dict:
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
     (with `baselines` scored beside it)."""
     try:
@@ -390,7 +418,8 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     try:
         pool.start()  # a cluster that cannot hold the replicas is refused before the run folder is touched
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, baselines=baselines, rouge=rouge)
+                                 source=source, overwrite=args.overwrite, baselines=baselines, rouge=rouge,
+                                 metrics=metrics)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
@@ -406,14 +435,15 @@ def cmd_score(args: argparse.Namespace) -> int:
     from bart_opt.evaluate.external import Columns, run_scoring
 
     rouge = rouge_settings(args)
+    metrics = metric_settings(args, rouge)
     for name in (args.predictions, args.references):
         if name is not None and not Path(name).is_file():
             raise CliError(f"no such file: {name}")
     columns = Columns(id=args.id_column, prediction=args.prediction_column, reference=args.reference_column)
-    metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
-                          name=args.name, overwrite=args.overwrite)
-    print(json.dumps(metrics, indent=2, ensure_ascii=False))
-    print(rouge_lines(metrics), file=sys.stderr)
+    found = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
+                        name=args.name, overwrite=args.overwrite, metrics=metrics)
+    print(json.dumps(found, indent=2, ensure_ascii=False))
+    print(rouge_lines(found), file=sys.stderr)
     return 0
 
 

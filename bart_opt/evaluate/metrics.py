@@ -33,6 +33,7 @@ from bart_opt.evaluate.rows import add_scores, baseline_row
 from bart_opt.rouge import MEASURES, RougeScorer
 from bart_opt.rouge_text import coverage
 from bart_opt.scoring.base import Metric, aggregate_columns
+from bart_opt.scoring.registry import SOURCE_SCORES
 
 MOSTLY_DROPPED = 0.5  # a text of which the tokenizer keeps less than this share of letters and digits is flagged
 
@@ -116,9 +117,11 @@ class ScoreTotals:
     stay paired over the same rows as ROUGE.
     """
 
-    def __init__(self, names: Sequence[str], bootstrap_samples: int, seed: int):
+    def __init__(self, names: Sequence[str], bootstrap_samples: int, seed: int,
+                 expected: Mapping[str, Sequence[str]] = SOURCE_SCORES):
         self.names = [name for name in names if name != "rouge"]
         self.bootstrap_samples, self.seed = bootstrap_samples, seed
+        self.expected = expected  # scores a metric gives only with a source: warned of when no row has them
         self.rows = 0
         self.values: dict[str, dict[str, array]] = {name: {} for name in self.names}
         self.missing: dict[str, int] = dict.fromkeys(self.names, 0)  # scored rows without the metric at all
@@ -163,12 +166,16 @@ class ScoreTotals:
                              f"{name}: {self.missing[name]} of {self.rows} scored examples have no {name} scores; "
                              "only the scores every example has are aggregated")
                 continue
-            partial = {score: len(column) for score, column in self.values[name].items() if len(column) < self.rows}
+            counts = {score: 0 for score in self.expected.get(name, ())}
+            counts.update((score, len(column)) for score, column in self.values[name].items())
+            partial = {score: count for score, count in counts.items() if count < self.rows}
             if partial:
                 lacking = max(self.rows - count for count in partial.values())
-                found.append(f"{name}: {', '.join(partial)} left out: up to {lacking} of {self.rows} scored examples "
-                             "lack them (no source text: predictions scored without their inputs, as bart-opt "
-                             "score reads them)")
+                found.append(f"{name}: {', '.join(partial)} left out: {lacking} of {self.rows} scored examples "
+                             "have no source text to score them against (predictions scored without their inputs, "
+                             "as bart-opt score reads them)")
+            elif self.rows and not counts:
+                found.append(f"{name}: no scores for any of {self.rows} scored examples")
         return found
 
 

@@ -32,7 +32,7 @@ from bart_opt.scoring.base import Example
 from bart_opt.scoring.length import VERSION, word_tokenizer
 
 NGRAMS = (1, 2, 3, 4)
-SOURCE_SCORES = ("compression", "coverage", "density", *(f"novel_{n}" for n in NGRAMS))
+SOURCE_SCORES = ("compression", "coverage", "density", *(f"novel_{n}" for n in NGRAMS))  # need the source
 SCORES = (*SOURCE_SCORES, "repeated_trigrams")
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from bart_opt.errors import InvalidRequest
 from bart_opt.rouge import RougeSettings
+from bart_opt.scoring import extractive
 from bart_opt.scoring.base import Metric
 
 NAMES = ("rouge", "extractive", "length", "bertscore", "consistency")
@@ -34,6 +35,8 @@ MODEL_METRICS = {  # name -> (module, class, the settings field naming its model
     "consistency": ("bart_opt.scoring.consistency", "ConsistencyMetric", "consistency_model"),
 }
 ROUGE_MEASURE = "fmeasure"  # what `intervals` and `row_scores` show of ROUGE
+# The scores a metric gives only when the example's source is known (a run's aggregation names those it left out).
+SOURCE_SCORES = {"extractive": extractive.SOURCE_SCORES}
 
 
 def parse_metrics(value: str | Iterable[str]) -> tuple[str, ...]:
@@ -185,5 +188,5 @@ def row_scores(row: Mapping[str, Any]) -> dict[str, dict[str, float]]:
     return found
 
 
-__all__ = ["DEFAULT", "MODEL_METRICS", "NAMES", "MetricSettings", "build_metrics", "intervals", "metric_names",
+__all__ = ["DEFAULT", "MODEL_METRICS", "NAMES", "SOURCE_SCORES", "MetricSettings", "build_metrics", "intervals", "metric_names",
            "parse_metrics", "row_scores"]

@@ -35,6 +35,7 @@ MODEL_METRICS = {  # name -> (module, class, the settings field naming its model
     "consistency": ("bart_opt.scoring.consistency", "ConsistencyMetric", "consistency_model"),
 }
 ROUGE_MEASURE = "fmeasure"  # what `intervals` and `row_scores` show of ROUGE
+BOUNDS = ("low", "mid", "high")
 # The scores a metric gives only when the example's source is known (a run's aggregation names those it left out).
 SOURCE_SCORES = {"extractive": extractive.SOURCE_SCORES}
 
@@ -169,9 +170,10 @@ def intervals(metrics: Mapping[str, Any]) -> dict[str, dict[str, dict[str, float
         aggregate = metrics.get(name)
         if not aggregate:
             continue
-        if name == "rouge":
-            found[name] = {t: {bound: value[bound][ROUGE_MEASURE] for bound in ("low", "mid", "high")}
-                           for t, value in aggregate.items()}
+        if name == "rouge":  # a type without its three F-measures (a partial record) is left out
+            found[name] = {t: {bound: value[bound][ROUGE_MEASURE] for bound in BOUNDS}
+                           for t, value in aggregate.items()
+                           if all(ROUGE_MEASURE in (value.get(bound) or {}) for bound in BOUNDS)}
         else:
             found[name] = {score: dict(value) for score, value in aggregate.items()}
     return found

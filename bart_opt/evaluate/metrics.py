@@ -168,13 +168,14 @@ class ScoreTotals:
                 continue
             counts = {score: 0 for score in self.expected.get(name, ())}
             counts.update((score, len(column)) for score, column in self.values[name].items())
-            partial = {score: count for score, count in counts.items() if count < self.rows}
-            if partial:
-                lacking = max(self.rows - count for count in partial.values())
-                found.append(f"{name}: {', '.join(partial)} left out: {lacking} of {self.rows} scored examples "
-                             "have no source text to score them against (predictions scored without their inputs, "
-                             "as bart-opt score reads them)")
-            elif self.rows and not counts:
+            lacking: dict[int, list[str]] = {}  # examples without the score -> those scores
+            for score, count in counts.items():
+                if count < self.rows:
+                    lacking.setdefault(self.rows - count, []).append(score)
+            found += [f"{name}: {', '.join(scores)} left out: {k} of {self.rows} scored examples have no source "
+                      "text to score them against (predictions scored without their inputs, as bart-opt score "
+                      "reads them)" for k, scores in sorted(lacking.items(), reverse=True)]
+            if self.rows and not counts:
                 found.append(f"{name}: no scores for any of {self.rows} scored examples")
         return found
 

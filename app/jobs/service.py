@@ -316,7 +316,14 @@ class JobService:
             rouge = self.settings.rouge_settings(options and options.tokenizer, options and options.lang)
         except InvalidRequest as error:
             raise error.within("rouge") from None
-        metrics = self.settings.metric_settings(rouge, body.metrics)  # InvalidRequest naming metrics
+        try:
+            metrics = self.settings.metric_settings(rouge, body.metrics)
+        except InvalidRequest as error:
+            if error.field == "metrics":
+                raise
+            setting = error.field.upper()  # a model metric whose model this server does not name
+            raise InvalidRequest("metrics", f"{error.field.removesuffix('_model')} is not available on this server "
+                                 f"(BART_OPT_{setting} is not set)") from None
         built = build_metrics(metrics, rouge)
         metric_record = metrics.record(built)
         common = {"id": uuid.uuid4().hex, "request_hash": request_hash, "dataset": body.dataset.describe(),

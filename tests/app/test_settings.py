@@ -198,3 +198,17 @@ def test_bart_opt_serve_with_exact_and_fast_exits_2_before_loading_anything(tmp_
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bart-opt serve: error: BART_OPT_EXACT and BART_OPT_FAST exclude")
     assert not (tmp_path / "jobs.db").exists()  # nothing started: no database, no model
+
+
+def test_metrics_setting_is_checked_when_read(monkeypatch):
+    monkeypatch.setenv("BART_OPT_METRICS", "rouge,length")
+    assert Settings().metrics == "rouge,length"
+    assert Settings().metric_settings(Settings().rouge_settings()).metrics == ("rouge", "length")
+    monkeypatch.setenv("BART_OPT_METRICS", "rouge,bleu")
+    with pytest.raises(ValidationError, match="BART_OPT_METRICS: unknown metric 'bleu'"):
+        Settings()
+    monkeypatch.setenv("BART_OPT_METRICS", "bertscore")
+    with pytest.raises(ValidationError, match="BART_OPT_BERTSCORE_MODEL"):
+        Settings()
+    monkeypatch.delenv("BART_OPT_METRICS")
+    assert Settings().metrics == "rouge,extractive,length"

@@ -71,7 +71,7 @@ def test_a_job_with_a_baseline_reports_the_model_and_the_baseline_on_the_same_re
     body = {"dataset": {"file": "cnn-base.jsonl"}, "generation": FAST, "baselines": ["lead-3", "lead-3"]}
     response = app_client.post("/evaluate", json=body)
     assert response.status_code == 202, response.text
-    assert response.json()["baselines"] == [{"name": "lead-3", "rouge": None, "n_scored": None}]
+    assert response.json()["baselines"] == [{"name": "lead-3", "rouge": None, "n_scored": None, "scores": {}}]
     view = wait_for_job(app_client, response.json()["id"])
     assert view["status"] == "succeeded", view["error"]
     records = load_records(file=path)

@@ -159,12 +159,9 @@ class ScoreTotals:
         """One warning per metric that some scored rows lack, or some of whose scores they lack."""
         found = []
         for name in self.names:
-            if self.missing[name]:
+            if self.missing[name]:  # then no score is on every row: the metric has no aggregate
                 found.append(f"{name}: {self.missing[name]} of {self.rows} scored examples have no {name} scores "
-                             "(rows stored before the metric was chosen, or by another scorer); it is left out "
-                             "of the aggregate" if self.missing[name] == self.rows else
-                             f"{name}: {self.missing[name]} of {self.rows} scored examples have no {name} scores; "
-                             "only the scores every example has are aggregated")
+                             "(rows stored before the metric was chosen, or by another scorer); it is left out")
                 continue
             counts = {score: 0 for score in self.expected.get(name, ())}
             counts.update((score, len(column)) for score, column in self.values[name].items())

@@ -27,6 +27,7 @@ from bart_opt.errors import InvalidRequest
 from bart_opt.rouge import RougeSettings
 from bart_opt.scoring import extractive
 from bart_opt.scoring.base import Metric
+from bart_opt.scoring.length import word_tokenizer
 
 NAMES = ("rouge", "extractive", "length", "bertscore", "consistency")
 DEFAULT = ("rouge", "extractive", "length")
@@ -85,8 +86,6 @@ class MetricSettings:
             if name in self.metrics and not getattr(self, field):
                 raise InvalidRequest(field, f"the metric {name} needs a model: give --{field.replace('_', '-')} "
                                      "DIR_OR_ID (a checkpoint folder, or a hub id already in the cache)")
-        from bart_opt.scoring.length import word_tokenizer
-
         word_tokenizer(self.tokenizer, self.lang)  # InvalidRequest naming tokenizer or lang
 
     @classmethod

@@ -139,3 +139,13 @@ def test_row_totals_leave_out_a_score_some_rows_lack_and_say_so():
     assert set(metrics["extractive"]) == {"repeated_trigrams"}
     assert metrics["extractive"]["repeated_trigrams"]["mid"] == 0.5 / 3
     assert any("coverage" in w and "1 of 3" in w for w in metrics["warnings"])
+
+
+def test_a_metric_some_rows_lack_has_no_aggregate_and_a_warning():
+    scorer = RougeSettings(bootstrap_samples=50).scorer()
+    rouge = scorer.score("a b", "a b")
+    rows = [{"id": str(k), "prediction": "a b", "reference": "a b", "rouge": rouge, "error": None, "seconds": 0.0,
+             **({"scores": {"length": {"tokens": 2.0}}} if k else {})} for k in range(3)]
+    metrics = RowTotals(scorer, {"names": ["rouge", "length"], "signatures": {}}).added(rows).baseline_metrics("x")
+    assert metrics["length"] is None and metrics["rouge"] is not None
+    assert any(w.startswith("length: 1 of 3 scored examples have no length scores") for w in metrics["warnings"])

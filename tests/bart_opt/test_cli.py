@@ -368,3 +368,27 @@ def test_a_device_this_machine_lacks_exits_2_before_any_record_is_read(tmp_path,
                  "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.strip() == (
         "bart-opt evaluate: error: --device: 'cuda' asked for, but CUDA is not available here; use 'cpu'")
+
+
+def test_metrics_flags_choose_the_metrics_and_bad_ones_are_one_line(tmp_path, capsys):
+    rng = random.Random(9)
+    data = tmp_path / "cnn.jsonl"
+    rows = [{"id": str(i), "article": random_article(rng, 5), "highlights": random_article(rng, 2)} for i in range(3)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "a"),
+                 "--metrics", "length"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["metrics"] == ["rouge", "length"] and "extractive" not in metrics
+    assert metrics["length"]["sentences"]["mid"] == 3.0  # lead-3: three sentences
+    for flags, says in ((["--metrics", "rouge,bleu"], "--metrics: unknown metric 'bleu'"),
+                        (["--metrics", "length,length"], "--metrics: length given more than once"),
+                        (["--metrics", "rouge,bertscore"], "--bertscore-model: the metric bertscore needs a model"),
+                        (["--metrics", "consistency"], "--consistency-model: the metric consistency needs a model")):
+        assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "b"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+    predictions = tmp_path / "a" / "predictions.jsonl"
+    assert main(["score", str(predictions), "--out", str(tmp_path / "scored"), "--metrics", "rouge,extractive"]) == 0
+    printed = capsys.readouterr()
+    assert set(json.loads(printed.out)["extractive"]) == {"repeated_trigrams"}
+    assert "warning: extractive: compression, coverage" in printed.err  # no source text in a predictions file

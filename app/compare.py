@@ -11,7 +11,7 @@ Its methods block (SQLite reads, resampling); the route calls them off the event
 
 from __future__ import annotations
 
-from app.errors import ApiError
+from app.domain_errors import Conflict, Refused
 from app.jobs.bodies import JobView
 from app.jobs.service import JobService
 from bart_opt.compare import DEFAULT_METRIC, DEFAULT_RESAMPLES, Run, RunMismatch, compare_runs
@@ -40,10 +40,10 @@ class CompareService:
     ) -> dict:
         """The `bart_opt.compare.compare_runs` result for these jobs, baseline first.
 
-        Raises InvalidRequest (a 422 naming ``jobs``, ``metric``, ``resamples`` or ``top``) for fewer
-        than two or more than `MAX_JOBS` ids, a repeated id or a bad option; ApiError: 404 for an
-        unknown job, 409 for a job that has not succeeded, 422 ``datasets_differ`` when the jobs
-        are not on the same examples.
+        Raises InvalidRequest (naming ``jobs``, ``metric``, ``resamples`` or ``top``) for fewer than two
+        or more than `MAX_JOBS` ids, a repeated id or a bad option; `NotFound` for an unknown job,
+        `Conflict` for a job that has not succeeded, `Refused` ``datasets_differ`` when the jobs are
+        not on the same examples (`app.domain_errors`).
         """
         self._check_ids(job_ids)
         runs = [self._run(job_id) for job_id in job_ids]
@@ -51,7 +51,7 @@ class CompareService:
             return compare_runs(runs, metric=metric, resamples=resamples, seed=seed, top=top,
                                 max_resamples=self.max_resamples)
         except RunMismatch as error:
-            raise ApiError(422, "datasets_differ", str(error), field="jobs") from error
+            raise Refused("datasets_differ", str(error), field="jobs") from error
 
     def _check_ids(self, job_ids: list[str]) -> None:
         if not 2 <= len(job_ids) <= MAX_JOBS:
@@ -63,9 +63,8 @@ class CompareService:
     def _run(self, job_id: str) -> Run:
         job = self.jobs.job(job_id)
         if job.status != "succeeded":
-            raise ApiError(409, "job_not_finished",
-                           f"job {job_id} is {job.status}; only succeeded jobs can be compared",
-                           field="jobs")  # fmt: skip
+            raise Conflict("job_not_finished", f"job {job_id} is {job.status}; only succeeded jobs can be compared",
+                           field="jobs")
         limit = self.max_examples
         if job.total > limit:
             raise InvalidRequest("jobs", (

@@ -15,17 +15,17 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any, TypeVar
 
 from app.device_runner import SummarizerRunner, resident_bytes
-from app.errors import ApiError
+from app.jobs.paths import shown_model
+from app.domain_errors import Unavailable
 from app.metrics import Metrics
 from app.schemas import GenerationOptions
 from app.settings import Settings
 from app.worker import Kind, NotAccepting, QueueFull, State, WorkItem, Worker
 from bart_opt.errors import CheckpointError, InvalidRequest
-from bart_opt.evaluate.core import RunControl
+from bart_opt.evaluate.core import Executor, RunControl, SummarizerExecutor
 from bart_opt.spec import GenerationSpec
 from bart_opt.fingerprint import Fingerprint
 from bart_opt.summarizer import Encoded, Summarizer
@@ -33,7 +33,7 @@ from bart_opt.summarizer import Encoded, Summarizer
 SummarizerLoader = Callable[[Settings], Summarizer]
 T = TypeVar("T")
 
-_NOT_READY_RETRY_AFTER = "5"
+_NOT_READY_RETRY_AFTER_S = 5
 
 logger = logging.getLogger("app.engine")
 
@@ -46,30 +46,23 @@ def load_summarizer(settings: Settings, **summarizer_options: Any) -> Summarizer
     return Summarizer.from_options(settings.engine_options(), **summarizer_options)
 
 
-def shown_model(model: str) -> str:
-    """A model as clients see it: a hub id or relative folder as given, an absolute folder by its
-    last component only (server paths stay out of responses)."""
-    path = Path(model)
-    return path.name if path.is_absolute() else model
-
-
-def unavailable(state: State, load_error: BaseException | None = None) -> ApiError:
-    """The 503 for a worker in `state`; the reason's details are in the server log, not here.
+def unavailable(state: State, load_error: BaseException | None = None) -> Unavailable:
+    """The `Unavailable` for a worker in `state`; the reason's details are in the server log, not here.
 
     A checkpoint refused as a whole (`load_error` a `CheckpointError`) names its problem, which
     holds no server path.
     """
-    retry = {"Retry-After": _NOT_READY_RETRY_AFTER}
+    retry = _NOT_READY_RETRY_AFTER_S
     if state is State.LOADING:
-        return ApiError(503, "not_ready", "the model is still loading", headers=retry)
+        return Unavailable("not_ready", "the model is still loading", retry_after=retry)
     if state is State.FAILED:
         problem = f" ({load_error.problem})" if isinstance(load_error, CheckpointError) else ""
         message = f"the model failed to load{problem}; the server log has the reason"
-        return ApiError(503, "model_load_failed", message, headers=retry)
+        return Unavailable("model_load_failed", message, retry_after=retry)
     if state is State.DEAD:
         message = "the device worker stopped unexpectedly; the server needs a restart (the log has the reason)"
-        return ApiError(503, "worker_dead", message)
-    return ApiError(503, "shutting_down", "the server is shutting down", headers=retry)
+        return Unavailable("worker_dead", message)
+    return Unavailable("shutting_down", "the server is shutting down", retry_after=retry)
 
 
 class Engine:
@@ -161,26 +154,31 @@ class Engine:
     def request_spec(self, options: GenerationOptions | None) -> GenerationSpec:
         """A request's generation options resolved once over the checkpoint's defaults.
 
-        Raises `InvalidRequest` with the field under ``generation.`` (the 422 mapping is in app.errors).
+        Raises `InvalidRequest` with the field under ``generation.`` (`app.errors` maps it).
         """
         try:
             return self.generation_spec(options.overrides() if options is not None else {})
         except InvalidRequest as error:
             raise error.within("generation") from None
 
-    def unavailable(self, state: State) -> ApiError:
-        """The 503 for the worker in `state` (`unavailable`, with the worker's load error)."""
+    def unavailable(self, state: State) -> Unavailable:
+        """The `Unavailable` for the worker in `state` (`unavailable`, with the worker's load error)."""
         return unavailable(state, self.worker.load_error)
 
     def check_ready(self) -> None:
-        """Raise the 503 that fits the worker's state unless it takes work."""
+        """Raise the `Unavailable` that fits the worker's state unless it takes work."""
         if self.state is not State.READY:
             raise self.unavailable(self.state)
 
     def check_alive(self) -> None:
-        """Raise a 503 when the process can no longer serve without a restart (the device worker died)."""
+        """Raise `Unavailable` when the process can no longer serve without a restart (the device worker died)."""
         if self.state is State.DEAD:
             raise self.unavailable(State.DEAD)
+
+    def executor(self) -> Executor:
+        """The executor of job batches on this engine: the Summarizer's, each model call a ``Kind.JOB``
+        item on the device worker (`WorkerDevice`). Once the model is loaded."""
+        return SummarizerExecutor(self.summarizer, device=lambda control: WorkerDevice(self, control))
 
     def encode(self, texts: Sequence[str]) -> list[Encoded]:
         """`Summarizer.encode`, from any thread."""

@@ -22,6 +22,9 @@ body not sent as ``application/json``), 422 ``invalid_request``, 429 ``queue_ful
 ``shutting_down`` (with ``Retry-After``) / ``worker_dead``, 504 ``timeout`` (the request's
 deadline passed; its work was cancelled).
 
+The domain's errors (`app.domain_errors`: jobs and summarize speak no HTTP) get their status here
+and only here, in `STATUS_OF`; their ``retry_after`` becomes the ``Retry-After`` header.
+
 `document_errors` puts the same shape, and the statuses every operation can answer, into the
 OpenAPI document.
 """
@@ -41,6 +44,8 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from app.domain_errors import (Busy, ClientGone, Conflict, NotFound, Refused, ServiceError, SourceUnavailable,
+                               Unavailable)
 from bart_opt.errors import InvalidRequest
 
 logger = logging.getLogger("app")
@@ -48,9 +53,26 @@ logger = logging.getLogger("app")
 REQUEST_ID_HEADER = "X-Request-ID"
 
 # Codes for the HTTPExceptions that FastAPI/Starlette and the middleware raise themselves;
-# the service's own errors are ApiErrors that carry their code.
+# the domain's errors carry their code (`STATUS_OF`), the routes' own are ApiErrors that carry theirs.
 _CODES_BY_STATUS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 408: "request_timeout",
                     413: "payload_too_large"}
+
+
+STATUS_OF: dict[type[ServiceError], int] = {
+    NotFound: 404,
+    Conflict: 409,
+    Refused: 422,
+    Busy: 429,
+    ClientGone: 499,  # nginx's "client closed request": nobody reads it, the log does
+    SourceUnavailable: 502,
+    Unavailable: 503,  # DamagedStore too, without Retry-After
+}
+"""The status of each kind of domain error (a subclass takes its nearest listed ancestor's)."""
+
+
+def status_of(error: ServiceError) -> int:
+    """The status code `error` is answered with (`STATUS_OF`)."""
+    return next(STATUS_OF[kind] for kind in type(error).__mro__ if kind in STATUS_OF)
 
 
 class Problem(BaseModel):
@@ -77,7 +99,8 @@ class ErrorBody(BaseModel):
 
 
 class ApiError(Exception):
-    """An error the service answers on purpose, rendered in the shared error shape."""
+    """An error the HTTP layer (routes, security) answers on purpose with its own status, rendered in the
+    shared error shape; the domain raises `app.domain_errors` instead."""
 
     def __init__(
         self,
@@ -151,6 +174,11 @@ async def _on_api_error(request: Request, exc: ApiError) -> JSONResponse:
     return error_response(request, exc.status, exc.code, exc.message, field=exc.field, headers=exc.headers)
 
 
+async def _on_service_error(request: Request, exc: ServiceError) -> JSONResponse:
+    headers = {} if exc.retry_after is None else {"Retry-After": str(exc.retry_after)}
+    return error_response(request, status_of(exc), exc.code, exc.message, field=exc.field, headers=headers)
+
+
 async def _on_invalid_request(request: Request, exc: InvalidRequest) -> JSONResponse:
     details = [{"field": exc.field, "message": exc.message}]
     return error_response(request, 422, "invalid_request", str(exc), field=exc.field, details=details)
@@ -210,6 +238,7 @@ def install_error_handlers(app: FastAPI) -> None:
     `app.middleware.CatchAllMiddleware` answers them instead.
     """
     app.add_exception_handler(ApiError, _on_api_error)
+    app.add_exception_handler(ServiceError, _on_service_error)
     app.add_exception_handler(InvalidRequest, _on_invalid_request)
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)

@@ -1,7 +1,7 @@
 """The cost budget of one ``POST /summarize``, checked before anything is queued.
 
 One request may not hold the single device thread for minutes while everyone behind it waits,
-so what it may ask for is bounded by three settings (all 422 above, naming the limit):
+so what it may ask for is bounded by three settings (each refused above with `InvalidRequest` naming the limit):
 
 - ``MAX_TEXTS``: texts in the request;
 - ``MAX_REQUEST_COST``: decoder work, ``texts x num_beams x max_new_tokens`` (every text may run

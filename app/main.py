@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None, *, load: SummarizerLoader = loa
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         startup.log_warnings(settings)
         engine = Engine(settings, registry, load)
-        jobs = JobService(settings, registry, engine)
+        jobs = JobService(settings.jobs_config(), registry, engine)
         app.state.engine, app.state.service, app.state.jobs = engine, SummarizeService(settings, registry, engine), jobs
         engine.start()
         jobs.start()

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 import typing
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import Field, SecretStr, ValidationInfo, create_model, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.jobs.config import COMPONENTS, JobsConfig
+from bart_opt.cluster import ClusterOptions
 from bart_opt.compare import MAX_RESAMPLES
 from bart_opt.errors import InvalidRequest
 from bart_opt.options import EngineOptions, OptionConflict
@@ -25,6 +27,9 @@ from bart_opt.rouge import RougeSettings
 from bart_opt.scoring.registry import DEFAULT as DEFAULT_METRICS
 from bart_opt.scoring.registry import NAMES as METRIC_NAMES
 from bart_opt.scoring.registry import MetricSettings
+from bart_opt.surfaces import settings_of
+
+T = TypeVar("T")
 
 
 def engine_settings(options: type[EngineOptions] = EngineOptions) -> type[BaseSettings]:
@@ -48,12 +53,31 @@ def engine_settings(options: type[EngineOptions] = EngineOptions) -> type[BaseSe
     return create_model(f"{options.__name__}Settings", __base__=BaseSettings, __validators__=validators, **definitions)
 
 
-class Settings(engine_settings()):
+def component_settings(base: type[BaseSettings], components: tuple[type, ...]) -> type[BaseSettings]:
+    """`base` with one field per setting of each dataclass in `components` (the fields declared with a
+    ``setting``, `bart_opt.surfaces.surfaced`): its type, default, bounds and help (as the description).
+
+    A component's switch (`ClusterOptions.address`) is None when unset: the component is off."""
+    definitions: dict[str, Any] = {}
+    for component in components:
+        hints = typing.get_type_hints(component)
+        for setting, f in settings_of(component).items():
+            switch = f.metadata["switch"]
+            bounds = dict(f.metadata["bounds"], **({"allow_inf_nan": False} if f.metadata["finite"] else {}))
+            description = f.metadata["help"][0].upper() + f.metadata["help"][1:] + "."
+            definitions[setting] = (hints[f.name] | None if switch else hints[f.name],
+                                    Field(None if switch else f.default, description=description, **bounds))
+    return create_model(f"{base.__name__}Components", __base__=base, **definitions)
+
+
+class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), ClusterOptions))):
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment.
 
     The engine's fields (model, device, dtype, exact, fast, static, budgets, max_beams, torch_threads,
     count_cpu_tensors) come from `bart_opt.options.EngineOptions`; `engine_options` gives them back
-    as that value.
+    as that value. The jobs' components (`app.jobs.config.COMPONENTS`: the database pool, the runner,
+    the intake limits) and the Ray options (`bart_opt.cluster.ClusterOptions`, ``ray_*``) give theirs
+    (`component_settings`); `component`, `cluster_options` and `jobs_config` build them back.
     """
 
     # hide_input_in_errors: a refused value (the API key, a database URL's password) never appears in the error's text.
@@ -106,14 +130,6 @@ class Settings(engine_settings()):
         "./bart_opt_jobs.db", description="Database of evaluation jobs: a SQLite file path (or sqlite:///PATH), or "
         "postgresql://USER:PASSWORD@HOST:PORT/DATABASE (the postgres extra) for several replicas on several machines."
     )
-    db_pool_size: int = Field(5, ge=1, description="Connections to the jobs database each process keeps open.")
-    db_max_overflow: int = Field(
-        10, ge=0, description="Connections each process may open beyond db_pool_size while busy (closed when idle)."
-    )
-    db_pool_timeout_s: float = Field(
-        10.0, gt=0, description="Seconds a request waits for a free database connection before a 503."
-    )
-    db_connect_timeout_s: float = Field(10.0, gt=0, description="Seconds to open a connection to a database server.")
     fd_unhealthy_fraction: float = Field(
         0.9, gt=0, le=1, description="GET /health answers 503 once the process holds this fraction of its file "
         "descriptor limit (RLIMIT_NOFILE, ulimit -n)."
@@ -123,7 +139,6 @@ class Settings(engine_settings()):
         "abisee/cnn_dailymail",
         description="Hub datasets evaluation jobs may stream, comma-separated ids; '*' allows any id, '' none.",
     )
-    max_job_records: int = Field(1_000_000, ge=1, description="Most records one evaluation job may hold.")
     max_compare_examples: int = Field(
         100_000, ge=1, description="Most examples a job may have to be compared by GET /compare (its rows are held "
         "in memory while it runs; bart-opt compare on downloaded predictions has no such cap).",
@@ -132,28 +147,13 @@ class Settings(engine_settings()):
         10_000, ge=1, le=MAX_RESAMPLES, description="Most bootstrap resamples and randomization trials one GET "
         "/compare may ask for (bart-opt compare takes up to bart_opt.compare.MAX_RESAMPLES).",
     )
-    max_record_chars: int = Field(
-        200_000, ge=1, description="Longest text or reference of a job's record; a longer record fails, the job goes on."
-    )
     max_line_bytes: int = Field(
         DEFAULT_MAX_LINE_BYTES, ge=1024,
         description="Most bytes of a dataset file parsed as one piece (JSONL line, CSV row, JSON array element); "
         "a larger one is refused without reading it whole.",
     )
-    job_window: int = Field(512, ge=1, description="Records a running job tokenizes and plans at a time.")
-    job_window_chars: int = Field(2_000_000, ge=1, description="Characters a running job tokenizes at a time (about).")
-    job_lease_s: float = Field(
-        30.0, gt=0, description="Seconds a process's claim on a job holds unrenewed; a dead owner's job is taken over after it."
-    )
-    store_retry_s: float = Field(
-        60.0, ge=0, description="Seconds a running job retries a failing jobs database before it is failed."
-    )
     dataset_loaders: int = Field(
         2, ge=1, description="Threads loading submitted datasets, for hub and for local sources each (429 beyond twice that)."
-    )
-    job_engine_wait_s: float = Field(
-        300.0, gt=0, description="Seconds a job submitted to another engine (other dtype, mode, static, EL-attention, "
-        "quantize or device) waits for a replica with that engine before this one fails it, naming both."
     )
     rouge_tokenizer: str = Field(
         "default", description="ROUGE tokenizer of jobs that name none: default (rouge-score's, a-z and 0-9 only), "
@@ -168,24 +168,26 @@ class Settings(engine_settings()):
     consistency_model: str | None = Field(None, description="The NLI checkpoint (folder or cached hub id) of the "
                                           "consistency metric; jobs may choose consistency only when it is set.")
 
-    ray_address: str | None = Field(
-        None, description="Run evaluation jobs on this Ray cluster: 'auto' (the cluster this node joined with "
-        "`ray start`), HOST:PORT of its head, or 'local' (a Ray instance started here). Unset: jobs run on the "
-        "service's own device thread, and Ray is not imported."
-    )
-    ray_replicas: int | None = Field(None, ge=1, description="Model replicas of a job on Ray (default: as many as fit).")
-    ray_gpus_per_replica: float = Field(0.0, ge=0, description="GPUs of each replica on Ray (0: on the CPU).")
-    ray_threads_per_replica: int = Field(1, ge=1, description="Torch threads, and Ray CPUs, of each replica.")
-    ray_start_timeout_s: float = Field(
-        600.0, gt=0, description="Seconds a job on Ray waits for room for one replica before it fails."
-    )
-    ray_stall_timeout_s: float = Field(
-        1800.0, gt=0, description="Seconds the replicas of a job on Ray may make no progress before it fails."
-    )
-
     def engine_options(self) -> EngineOptions:
         """The engine fields as `EngineOptions`."""
         return EngineOptions(**{f.name: getattr(self, f.name) for f in dataclasses.fields(EngineOptions)})
+
+    def component(self, component: type[T]) -> T:
+        """The dataclass `component` (one of `component_settings`' components) from its settings."""
+        return component(**{f.name: getattr(self, setting) for setting, f in settings_of(component).items()})
+
+    def cluster_options(self) -> ClusterOptions | None:
+        """The Ray options (``BART_OPT_RAY_*``), None without ``BART_OPT_RAY_ADDRESS``: no cluster."""
+        return None if self.ray_address is None else self.component(ClusterOptions)
+
+    def jobs_config(self) -> JobsConfig:
+        """Everything the jobs run under (`app.jobs.config.JobsConfig`): the components, and the settings of the
+        other fields' names."""
+        built = {name: self.component(component) for name, component in COMPONENTS.items()}
+        built.update(engine=self.engine_options(), cluster=self.cluster_options(), rouge=self.rouge_settings(),
+                     metrics=self.metric_settings(self.rouge_settings()))
+        rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobsConfig) if f.name not in built}
+        return JobsConfig(**built, **rest)
 
     def rouge_settings(self, tokenizer: str | None = None, lang: str | None = None) -> RougeSettings:
         """A job's ROUGE settings: `tokenizer` and `lang` where given, else these settings' (`InvalidRequest`
@@ -250,6 +252,19 @@ class Settings(engine_settings()):
     def _empty_address_is_none(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
 
+    @field_validator("mlflow_uri")
+    @classmethod
+    def _check_mlflow_uri(cls, value: str | None) -> str | None:
+        """An empty URI is none; a URI without MLflow installed is refused at start, not at the first job's end."""
+        import importlib.util
+
+        from bart_opt.tracking import INSTALL
+
+        value = value.strip() or None if value is not None else None
+        if value is not None and importlib.util.find_spec("mlflow") is None:
+            raise ValueError(f"BART_OPT_MLFLOW_URI needs MLflow: {INSTALL}")
+        return value
+
     @field_validator("api_key")
     @classmethod
     def _check_api_key(cls, value: SecretStr | None) -> SecretStr | None:
@@ -264,8 +279,10 @@ class Settings(engine_settings()):
 
 
 def setting_name(field: str) -> str:
-    """The environment variable of settings field `field`: ``exact`` -> ``BART_OPT_EXACT``."""
-    return f"BART_OPT_{field.upper()}"
+    """The environment variable of settings field `field`, as pydantic-settings reads it (the prefix of
+    `Settings.model_config`): ``exact`` -> ``BART_OPT_EXACT``. The service's one spelling of an option, in
+    every refusal (`bart_opt.options.OptionConflict.naming`)."""
+    return f"{Settings.model_config['env_prefix']}{field.upper()}"
 
 
 def get_settings(request: Request) -> Settings:

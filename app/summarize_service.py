@@ -1,7 +1,8 @@
 """The summarize service: validation, the cost budget, queueing, waiting (or cancelling), the response.
 
 Routes stay thin: they parse the body and call :meth:`SummarizeService.summarize`, which
-returns the response dict or raises :class:`app.errors.ApiError` / `bart_opt.InvalidRequest`.
+returns the response dict or raises a domain error (`app.domain_errors`) / `bart_opt.InvalidRequest`,
+which `app.errors` maps to the answer.
 The model and its device worker are the app's shared :class:`app.engine.Engine`.
 
 A request's work is cancelled wherever it is when its client disconnects or its deadline
@@ -15,11 +16,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
-from starlette.concurrency import run_in_threadpool
+from anyio import to_thread
 
 from app.device_runner import ItemResult
 from app.engine import Engine
-from app.errors import ApiError
+from app.domain_errors import Busy, ClientGone
 from app.limits import RequestLimits
 from app.metrics import Metrics
 from app.schemas import SummarizeRequest
@@ -28,11 +29,11 @@ from app.worker import NotAccepting, QueueFull, State, WorkerDied, WorkItem
 from bart_opt.fingerprint import Fingerprint
 from bart_opt.summarizer import check_text
 
-class ClientDisconnected(ApiError):
+class ClientDisconnected(ClientGone):
     """The client went away while its request waited; the answer has nowhere to go."""
 
     def __init__(self) -> None:
-        super().__init__(499, "client_closed_request", "the client disconnected; its work was cancelled")
+        super().__init__("client_closed_request", "the client disconnected; its work was cancelled")
 
 
 class SummarizeService:
@@ -70,11 +71,11 @@ class SummarizeService:
         return self.engine.fingerprint
 
     def check_ready(self) -> None:
-        """The engine's 503 unless it takes work (`Engine.check_ready`)."""
+        """The engine's `Unavailable` unless it takes work (`Engine.check_ready`)."""
         self.engine.check_ready()
 
     def check_alive(self) -> None:
-        """The engine's 503 once the device worker died (`Engine.check_alive`)."""
+        """The engine's `Unavailable` once the device worker died (`Engine.check_alive`)."""
         self.engine.check_alive()
 
     # ---- POST /summarize -------------------------------------------------------------------
@@ -100,7 +101,7 @@ class SummarizeService:
         limits.check_cost(len(body.texts), generation)
         for i, reference in enumerate(body.references or ()):
             check_text(reference, f"references[{i}]")
-        encoded = await run_in_threadpool(self.engine.encode, body.texts)
+        encoded = await to_thread.run_sync(self.engine.encode, body.texts)  # as Starlette's run_in_threadpool
         limits.check_input(encoded)
         item = WorkItem(texts=body.texts, generation=generation, longest=max(len(e.ids) for e in encoded),
                         references=body.references, encoded=encoded)
@@ -113,10 +114,8 @@ class SummarizeService:
             self.engine.submit(item)
         except QueueFull as error:
             self.metrics.rejected.labels(reason="queue_full").inc()
-            raise ApiError(
-                429, "queue_full", f"{error}; retry after {error.retry_after} s",
-                headers={"Retry-After": str(error.retry_after)},
-            ) from error  # fmt: skip
+            raise Busy("queue_full", f"{error}; retry after {error.retry_after} s",
+                       retry_after=error.retry_after) from error
         except NotAccepting as error:
             raise self.engine.unavailable(error.state) from error
 

@@ -3,8 +3,8 @@
 Two kinds of work share the thread:
 
 - **interactive** items (one ``POST /summarize`` each) wait in a bounded FIFO queue; a full
-  queue refuses new ones (:class:`QueueFull`, the route answers 429). When the device frees
-  up, the worker takes the oldest item and, with micro-batching on, every other waiting item
+  queue refuses new ones (:class:`QueueFull`; the summarize service reports `app.domain_errors.Busy`).
+  When the device frees up, the worker takes the oldest item and, with micro-batching on, every other waiting item
   with the *same generation settings* while the merged call stays within the token budget
   (``longest input x texts x beams <= max_batch_tokens`` and ``texts <= max_batch_size``).
 - **job** items (one model call of an evaluation job each: a callable, `WorkItem.job`) wait in

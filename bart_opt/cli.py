@@ -1,4 +1,4 @@
-"""The ``bart-opt`` command: summarize, evaluate, score, compare, demo-model, bench, check, serve.
+"""The ``bart-opt`` command: summarize, evaluate, score, compare, report, demo-model, bench, check, serve.
 
 Every subcommand reports bad input (a missing file, a missing column, a broken JSON
 line, an unknown option value) as one line on stderr and exit status 2, with no
@@ -12,11 +12,13 @@ import json
 import os
 import sys
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 
+from bart_opt import cluster
 from bart_opt.errors import InvalidRequest
-from bart_opt.options import OptionConflict, add_cli_args, from_cli_args
+from bart_opt.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
 from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 EXIT_USAGE = 2
@@ -52,11 +54,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _validate_engine_options(args)
         return args.func(args) or 0
     except OptionConflict as error:
-        print(f"bart-opt {args.command}: error: {error.naming(_flag)}", file=sys.stderr)
+        print(f"bart-opt {args.command}: error: {error.naming(cli_flag)}", file=sys.stderr)
         return EXIT_USAGE
     except InvalidRequest as error:
         named = error.field in REQUEST_OPTIONS or error.field in vars(args)  # a field that is one of our options
-        where = f"--{error.field.replace('_', '-')}" if named else error.field
+        where = cli_flag(error.field) if named else error.field
         print(f"bart-opt {args.command}: error: {where}: {_one_line(error.message)}", file=sys.stderr)
         return EXIT_USAGE
     except (CliError, ValueError, FileNotFoundError, OSError) as error:
@@ -66,10 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = "; rerun the same command to resume" if args.command == "evaluate" else ""
         print(f"bart-opt {args.command}: interrupted{hint}", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-def _flag(field: str) -> str:
-    return "--" + field.replace("_", "-")
 
 
 def _validate_engine_options(args: argparse.Namespace) -> None:
@@ -124,10 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--summary-column", default="highlights", help="default: highlights")
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _format_option(evaluate)
     _rouge_options(evaluate)
     _metric_options(evaluate)
     _generation_options(evaluate)
-    _ray_options(evaluate)
+    cluster.add_cli_args(evaluate)
+    _tracking_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     score = sub.add_parser("score", help="score another system's predictions (JSONL, JSON, CSV or Parquet) into a "
@@ -143,8 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: reference (a string, or a list of strings for several references)")
     score.add_argument("--name", help="how reports name the system (default: the file's name without extension)")
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
+    _format_option(score)
     _rouge_options(score)
     _metric_options(score)
+    _tracking_options(score)
     score.set_defaults(func=cmd_score)
 
     compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
@@ -156,8 +158,25 @@ def build_parser() -> argparse.ArgumentParser:
                          help="bootstrap resamples and randomization trials (default: 1000)")
     compare.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
     compare.add_argument("--top", type=int, default=5, help="wins and losses to show (default: 5)")
-    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    printed = compare.add_mutually_exclusive_group()
+    printed.add_argument("--format", choices=FORMATS, help="print the comparison as a table with a row per run and "
+                                                           "metric score (text, markdown, csv, latex), or as JSON "
+                                                           "(default: the text report with the examples won and lost)")
+    printed.add_argument("--json", dest="format", action="store_const", const="json",
+                         help="print the comparison as JSON (--format json)")
     compare.set_defaults(func=cmd_compare)
+
+    report = sub.add_parser("report", help="plots, a Markdown summary and a model-index block of evaluate runs "
+                                           "(pip install 'bart-opt[report]')")
+    report.add_argument("runs", nargs="+", metavar="RUN",
+                        help="--out folders of bart-opt evaluate or score; with two or more, on the same dataset, "
+                             "the first is the baseline of the paired differences")
+    report.add_argument("--out", required=True, help="output folder (report.md, model-index.yaml, PNG and SVG plots)")
+    report.add_argument("--model-name", help="the model card's name (default: the first run that is a model's)")
+    report.add_argument("--resamples", type=int, default=1000,
+                        help="bootstrap resamples and randomization trials of the paired differences (default: 1000)")
+    report.add_argument("--seed", type=int, default=0, help="seed of both tests (default: 0)")
+    report.set_defaults(func=cmd_report)
 
     demo = sub.add_parser("demo-model", help="write the tiny trained demo checkpoint and held-out sample records")
     demo.add_argument("dir", help="output folder")
@@ -185,6 +204,33 @@ class _Renamed(argparse.Action):
         new = "--" + self.dest.replace("_", "-")
         print(f"bart-opt: warning: {option_string} is now {new}; the old spelling still works", file=sys.stderr)
         setattr(namespace, self.dest, values)
+
+
+FORMATS = ("text", "json", "markdown", "csv", "latex")  # bart_opt.report.tables.FORMATS, without importing tabulate
+
+
+def _format_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--format", choices=FORMATS,
+                        help="print the scores on stdout as one table (a row per system, a column per metric score: "
+                             "the mean [95%% interval]) in text, markdown, csv or latex, or the metrics as JSON "
+                             "(default: the metrics as JSON on stdout and the ROUGE lines on stderr)")
+
+
+def print_metrics(metrics: dict, fmt: str | None, ensure_ascii: bool = True) -> None:
+    """A run's metrics as `fmt` asks (`bart_opt.report.tables`); no `fmt`: the JSON on stdout and the ROUGE
+    lines on stderr."""
+    if fmt is None or fmt == "json":
+        print(json.dumps(metrics, indent=2, ensure_ascii=ensure_ascii))
+        if fmt is None:
+            print(rouge_lines(metrics), file=sys.stderr)
+        return
+    from bart_opt.report.tables import render, score_table, systems
+
+    table = score_table(systems(metrics))
+    print(render(table, fmt))
+    if fmt == "csv":  # a CSV holds the signatures in a column, and nothing else
+        for note in table.notes:
+            print(note, file=sys.stderr)
 
 
 def _rouge_options(parser: argparse.ArgumentParser) -> None:
@@ -257,15 +303,42 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
 _EARLY_STOPPING = {str(value).lower(): value for value in EARLY_STOPPING}  # "true" -> True, "never" -> "never"
 
 
-def _ray_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("on a Ray cluster (pip install 'bart-opt[ray]')")
-    group.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                       help="run replicas of the model on a Ray cluster: no ADDRESS (or 'local') starts a Ray "
-                            "instance here, 'auto' joins this node's cluster (ray start), HOST:PORT the cluster there")
-    group.add_argument("--replicas", type=int, help="model replicas (default: as many as the cluster holds)")
-    group.add_argument("--gpus-per-replica", type=float, help="GPUs of each replica (default 0: on the CPU)")
-    group.add_argument("--threads-per-replica", type=int, help="torch threads (and Ray CPUs) of each replica "
-                                                               "(default 1)")
+def _tracking_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("experiment tracking (pip install 'bart-opt[tracking]')")
+    group.add_argument("--mlflow", metavar="URI",
+                       help="log the run to MLflow at URI (http://HOST:PORT, sqlite:///PATH, ...; default: "
+                            "MLFLOW_TRACKING_URI when set, else no tracking); experiment: MLFLOW_EXPERIMENT_NAME, "
+                            "else bart-opt")
+
+
+def start_tracking(args: argparse.Namespace):
+    """The command's `bart_opt.tracking.MlflowRun` for its ``--out``, started (None without ``--mlflow`` or
+    ``MLFLOW_TRACKING_URI``); a tracker that cannot be used is a `CliError` before any work."""
+    from bart_opt.tracking import MlflowRun, TrackingError, tracking_uri
+
+    uri = tracking_uri(args.mlflow)
+    if uri is None:
+        return None
+    try:
+        run = MlflowRun.for_folder(uri, args.out, args.command, on_warning=lambda message: print(
+            f"bart-opt {args.command}: warning: {message}", file=sys.stderr))
+    except TrackingError as error:
+        raise CliError(str(error)) from None
+    print(f"bart-opt {args.command}: logging to MLflow at {run.shown_uri} (experiment {run.experiment_id}, "
+          f"run {run.run_id})", file=sys.stderr)
+    return run
+
+
+def finish_tracking(run, args: argparse.Namespace) -> None:
+    """Log the finished run folder (``--out``) to the command's MLflow run, if any (a failure is a warning)."""
+    if run is None:
+        return
+    failed = run.finish(args.out)
+    if failed is None:
+        print(f"bart-opt {args.command}: logged run {run.run_id} to MLflow", file=sys.stderr)
+    else:
+        print(f"bart-opt {args.command}: warning: MLflow at {run.shown_uri}: run {run.run_id} could not be logged "
+              f"({failed}); {args.out} is complete: rerun the same command to log it again", file=sys.stderr)
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
@@ -353,7 +426,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     baselines = check_baselines(args.baselines)
     rouge = rouge_settings(args)
-    metrics = metric_settings(args, rouge)
+    chosen = metric_settings(args, rouge)
     if is_baseline(args.model):
         _refuse_generation_options(args)
         if baselines:
@@ -361,42 +434,47 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.data is not None and not Path(args.data).is_file():
         raise CliError(f"no such file: {args.data}")
     check_run_folder(args.out, overwrite=args.overwrite)  # the stored rows and files, before the model loads
-    records = load_records(
-        hub=args.dataset, config=args.dataset_config, split=args.split, file=args.data,
-        text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,
-        limit=args.limit,
-    )
-    source = args.data if args.data is not None else " ".join(
-        part for part in (args.dataset, args.dataset_config, args.split) if part)
-    try:
-        if is_baseline(args.model):
-            if args.ray is not None:
-                raise CliError(f"{args.model} is a baseline: --ray does not apply")
-            found = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
-                                            overwrite=args.overwrite, metrics=metrics)
-        elif args.ray is not None:
-            found = evaluate_on_ray(args, records, source, baselines, rouge, metrics)
-        else:
-            for option in ("replicas", "gpus_per_replica", "threads_per_replica"):
-                if getattr(args, option) is not None:
-                    raise CliError(f"--{option.replace('_', '-')} needs --ray")
-            found = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
-                                   progress=not args.no_progress, source=source, overwrite=args.overwrite,
-                                   baselines=baselines, rouge=rouge, metrics=metrics)
-    except FailureStreak as error:
-        raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
-                       "reasons)") from error
-    print(json.dumps(found, indent=2))
-    print(rouge_lines(found), file=sys.stderr)
+    tracker = start_tracking(args)  # an unreachable tracking server is refused before any work
+    with tracker.ended_on_error() if tracker is not None else nullcontext():
+        records = load_records(
+            hub=args.dataset, config=args.dataset_config, split=args.split, file=args.data,
+            text_column=args.text_column, summary_column=args.summary_column, id_column=args.id_column,
+            limit=args.limit,
+        )
+        source = args.data if args.data is not None else " ".join(
+            part for part in (args.dataset, args.dataset_config, args.split) if part)
+        on_progress = tracker.progress if tracker is not None else None
+        try:
+            if is_baseline(args.model):
+                if args.ray is not None:
+                    raise CliError(f"{args.model} is a baseline: --ray does not apply")
+                metrics = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
+                                                  overwrite=args.overwrite, metrics=chosen)
+            elif args.ray is not None:
+                metrics = evaluate_on_ray(args, records, source, baselines, rouge, on_progress=on_progress,
+                                          metrics=chosen)
+            else:
+                for option in cluster.flag_fields()[1:]:
+                    if getattr(args, cluster.dest_of(option)) is not None:
+                        raise CliError(f"{option.metadata['flag']} needs --ray")
+                metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
+                                         progress=not args.no_progress, on_progress=on_progress, source=source,
+                                         overwrite=args.overwrite, baselines=baselines, rouge=rouge,
+                                         metrics=chosen)
+        except FailureStreak as error:
+            raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
+                           "reasons)") from error
+    print_metrics(metrics, args.format)
+    finish_tracking(tracker, args)
     return 0
 
 
 def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = (),
-                    rouge=None, metrics=None) -> dict:
+                    rouge=None, on_progress: Callable[[int, int], None] | None = None, metrics=None) -> dict:
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
-    (with `baselines` scored beside it)."""
+    (with `baselines` scored beside it, and `on_progress` told as `run_evaluation` tells it)."""
     try:
-        from bart_opt.distributed import ClusterError, ClusterOptions, ReplicaPool
+        from bart_opt.distributed import ClusterError, ReplicaPool
     except ModuleNotFoundError as error:
         if error.name is None or error.name.split(".")[0] != "ray":
             raise
@@ -408,9 +486,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
                             ("torch_threads", "give replicas threads with --threads-per-replica")):
         if getattr(args, option) is not None:
             raise CliError(f"--{option.replace('_', '-')} does not apply with --ray: {instead}")
-    given = {name: getattr(args, name) for name in ("replicas", "gpus_per_replica", "threads_per_replica")
-             if getattr(args, name) is not None}
-    options = ClusterOptions(address=args.ray, **given)
+    options = cluster.from_cli_args(args)
     config = from_cli_args(args)
     resolve_checkpoint(config.model)  # a missing checkpoint is this command's error, not a replica's
     pool = ReplicaPool(config, options, name=args.model,
@@ -418,8 +494,8 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
     try:
         pool.start()  # a cluster that cannot hold the replicas is refused before the run folder is touched
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
-                                 source=source, overwrite=args.overwrite, baselines=baselines, rouge=rouge,
-                                 metrics=metrics)
+                                 on_progress=on_progress, source=source, overwrite=args.overwrite,
+                                 baselines=baselines, rouge=rouge, metrics=metrics)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
@@ -435,27 +511,53 @@ def cmd_score(args: argparse.Namespace) -> int:
     from bart_opt.evaluate.external import Columns, run_scoring
 
     rouge = rouge_settings(args)
-    metrics = metric_settings(args, rouge)
+    chosen = metric_settings(args, rouge)
     for name in (args.predictions, args.references):
         if name is not None and not Path(name).is_file():
             raise CliError(f"no such file: {name}")
     columns = Columns(id=args.id_column, prediction=args.prediction_column, reference=args.reference_column)
-    found = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
-                        name=args.name, overwrite=args.overwrite, metrics=metrics)
-    print(json.dumps(found, indent=2, ensure_ascii=False))
-    print(rouge_lines(found), file=sys.stderr)
+    tracker = start_tracking(args)
+    with tracker.ended_on_error() if tracker is not None else nullcontext():
+        metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
+                              name=args.name, overwrite=args.overwrite, metrics=chosen)
+    print_metrics(metrics, args.format, ensure_ascii=False)
+    finish_tracking(tracker, args)
     return 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Compare run folders (the first is the baseline) and print tables, or JSON with --json."""
+    """Compare run folders (the first is the baseline) and print the text report, JSON (--json, --format json) or
+    the significance table in another --format."""
     from bart_opt.compare import compare_runs, format_report, load_run
 
     if len(args.runs) < 2:
         raise CliError("give at least two run folders")
     runs = [load_run(folder) for folder in args.runs]
     result = compare_runs(runs, metric=args.metric, resamples=args.resamples, seed=args.seed, top=args.top)
-    print(json.dumps(result, indent=2, ensure_ascii=False) if args.json else format_report(result))
+    if args.format is None:
+        print(format_report(result))
+    elif args.format == "json":
+        print(json.dumps(result, indent=2, ensure_ascii=False))
+    else:
+        from bart_opt.report.tables import comparison_table, render
+
+        print(render(comparison_table(result), args.format))
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Write the plots, report.md and model-index.yaml of run folders into --out (`bart_opt.report.write`)."""
+    try:
+        import matplotlib  # noqa: F401  (checked here: the plots import it only as they draw)
+    except ModuleNotFoundError as error:
+        if error.name is None or error.name.split(".")[0] != "matplotlib":
+            raise
+        raise CliError("the plots need matplotlib: pip install 'bart-opt[report]'") from None
+    from bart_opt.report.write import write_report
+
+    written = write_report(args.runs, args.out, model_name=args.model_name, resamples=args.resamples, seed=args.seed)
+    for path in written:
+        print(path)
     return 0
 
 

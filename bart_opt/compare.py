@@ -323,8 +323,10 @@ def _compare_metrics(base: Run, run: Run, base_scores: Mapping[tuple[str, str], 
 
 
 def _signature(run: Run, name: str) -> dict | None:
-    """The recorded signature of metric `name` in `run` (None when not recorded)."""
-    return ((run.info.get("metrics") or {}).get("signatures") or {}).get(name)
+    """The recorded signature of metric `name` in `run`: its metrics' ``signatures``, else its run record's
+    (None when not recorded)."""
+    signatures = run.info.get("signatures") or (run.info.get("metrics") or {}).get("signatures") or {}
+    return signatures.get(name)
 
 
 def _compare_pair(base: Run, run: Run, base_rows: Mapping[str, dict], run_rows: Mapping[str, dict],

@@ -17,6 +17,9 @@ other is read on the driver, longest records first. `ReplicaPool` also describes
 the metrics without loading the weights on the driver (``name``, ``scorer``, ``device``,
 ``count_cpu_tensors``, ``generation_spec``).
 
+The options (`bart_opt.cluster.ClusterOptions`, re-exported here) are defined, with their flags and
+settings, in `bart_opt.cluster`, which imports no Ray.
+
 Resources: a replica asks Ray for ``gpus_per_replica`` GPUs and ``threads_per_replica`` CPUs
 (its torch threads), so a 2-CPU machine holds two one-thread replicas; records in driver memory
 need no read tasks, and a source read on the driver's node (the service's jobs) asks for no CPU.
@@ -56,8 +59,8 @@ import ray
 import ray.data
 import torch
 
+from bart_opt.cluster import LOCAL, ClusterOptions
 from bart_opt.data import Record
-from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.core import Pending, RunControl, Source, SummarizerExecutor, screened
 from bart_opt.evaluate.rows import RowBatch
 from bart_opt.fingerprint import check_fingerprint
@@ -70,7 +73,6 @@ from bart_opt.summarizer import Summarizer
 
 logger = logging.getLogger("bart_opt.distributed")
 
-LOCAL = "local"  # the address that starts a Ray instance on this machine
 MAX_RECORDS_PER_CALL = 256  # records one replica call plans into batches, at most
 CALLS_PER_REPLICA = 4  # fewer records per call on small runs, so that every replica gets some
 ROOM_POLL_S = 1.0
@@ -83,44 +85,6 @@ SHUTDOWN_TIMEOUT_S = 30.0  # how long `disconnect` waits for Ray to shut down
 class ClusterError(RuntimeError):
     """The cluster cannot be reached or cannot hold the replicas, the replicas made no progress,
     or a replica failed. The message is fit for a client; Ray's own error is the ``__cause__``."""
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    """Where and how many replicas run.
-
-    address: ``"local"`` starts a Ray instance on this machine; ``"auto"`` joins the cluster this
-        node belongs to (``ray start``); ``"HOST:PORT"`` the cluster whose head is there.
-    replicas: model replicas (None: as many as the cluster holds).
-    gpus_per_replica: GPUs each replica asks for (0: it runs on the CPU; 0.5: two share a GPU).
-    threads_per_replica: torch threads of each replica, and the CPUs it asks Ray for.
-    start_timeout_s: how long to wait for a node with room for one replica.
-    stall_timeout_s: how long the pipeline may make no progress (model loading included).
-    task_retries: how many times a call is run again after its replica died.
-    connect_timeout_s: how long a ``HOST:PORT`` address may take to answer.
-    """
-
-    address: str = LOCAL
-    replicas: int | None = None
-    gpus_per_replica: float = 0.0
-    threads_per_replica: int = 1
-    start_timeout_s: float = 600.0
-    stall_timeout_s: float = 1800.0
-    task_retries: int = 3
-    connect_timeout_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if self.replicas is not None and self.replicas < 1:
-            raise InvalidRequest("replicas", f"must be >= 1, got {self.replicas}")
-        if not math.isfinite(self.gpus_per_replica) or self.gpus_per_replica < 0:
-            raise InvalidRequest("gpus_per_replica", f"must be >= 0, got {self.gpus_per_replica}")
-        if self.threads_per_replica < 1:
-            raise InvalidRequest("threads_per_replica", f"must be >= 1, got {self.threads_per_replica}")
-        for name in ("start_timeout_s", "stall_timeout_s", "connect_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise InvalidRequest(name, f"must be > 0, got {getattr(self, name)}")
-        if self.task_retries < 0:
-            raise InvalidRequest("task_retries", f"must be >= 0, got {self.task_retries}")
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,14 +146,17 @@ def check_fingerprint(expected: str, found: Fingerprint | str, what: str = "the 
         raise CheckpointMismatch(expected, str(found), what)
 
 
-def fingerprint(folder: str | os.PathLike, weights: str, cache: Path | None | bool = True) -> Fingerprint:
+def fingerprint(folder: str | os.PathLike, weights: str, cache: Path | None | bool = True,
+                extra: Sequence[str] = ()) -> Fingerprint:
     """The fingerprint of checkpoint `folder`, whose weights were read from the file named `weights`.
 
+    `extra`: more file names to hash where present, beyond `IDENTITY_FILES` (the vocabulary files
+    of other tokenizers than BART's, such as BERT's ``vocab.txt``).
     `cache`: True for the default cache file (see the module docstring), a path for another,
     None or False for none. Raises `CheckpointError` for a hub blob whose bytes do not match its name.
     """
     folder = Path(folder)
-    names = [weights, *(name for name in IDENTITY_FILES if (folder / name).is_file())]
+    names = [weights, *(name for name in dict.fromkeys((*IDENTITY_FILES, *extra)) if (folder / name).is_file())]
     store = DigestCache(default_cache_path() if cache is True else cache or None)
     files, stats = {}, {}
     for name in names:

@@ -135,7 +135,7 @@ class DtypeChoice(NamedTuple):
     reason: str
 
 
-def choose_dtype(requested: torch.dtype | str | None, device: str | torch.device) -> DtypeChoice:
+def choose_dtype(requested: DtypeChoice | torch.dtype | str | None, device: str | torch.device) -> DtypeChoice:
     """The dtype to run in on `device`, and why: the one owner of ``dtype="auto"``.
 
     ``"auto"`` (or None): float16 on CUDA; float32 on a CPU, with or without native bfloat16; the
@@ -144,8 +144,12 @@ def choose_dtype(requested: torch.dtype | str | None, device: str | torch.device
     mode), but its ids equal transformers' float32 ids on 2 of 12 documents where float32's
     equal them on 12 of 12 (docs/cpu.md): a default's results must be the trustworthy ones,
     and bfloat16 stays one flag away. An explicit dtype is kept; bfloat16 on a CPU without
-    native bfloat16 also logs `warn_slow_bfloat16`'s warning (once per process).
+    native bfloat16 also logs `warn_slow_bfloat16`'s warning (once per process). A `DtypeChoice` is a
+    choice already made (for `device`, by the caller that resolved it: `bart_opt.Summarizer.from_options`)
+    and is returned as it is.
     """
+    if isinstance(requested, DtypeChoice):
+        return requested
     device = torch.device(device)
     if requested is None or requested == "auto":
         choice = _auto(device)

@@ -18,27 +18,49 @@ import ctypes
 import functools
 import mmap
 import os
-from collections.abc import Iterable
 import pickle
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import BartConfig, GenerationConfig
 
-from bart_opt import hardware
 from bart_opt.errors import CheckpointError
 from bart_opt.fingerprint import fingerprint
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 TIED_KEYS = ("lm_head.weight", "encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 OPTIONAL_KEYS = ("final_logits_bias",)
+# The files of a BART checkpoint fetched from the hub (other models name theirs: bart_opt.scoring.models).
+CHECKPOINT_PATTERNS = ("config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin", "tokenizer*",
+                       "vocab.json", "merges.txt", "special_tokens_map.json")
 
-__all__ = ["CheckpointError", "load_generation_config", "load_pretrained", "normalize_keys", "read_state_dict",
-           "release_pages", "resolve_checkpoint", "weights_file"]
+__all__ = ["CHECKPOINT_PATTERNS", "Checkpoint", "CheckpointError", "load_generation_config", "load_pretrained",
+           "normalize_keys", "read_state_dict", "release_pages", "resolve_checkpoint", "weights_file"]
 
 
-def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
-    """A local folder as is; anything else is a hub id fetched into (or found in) the hub cache."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint found once: `folder` holds its files, `name` is how the caller named it (a folder or a
+    hub id). `bart_opt.Summarizer.from_options` finds it, reads the tokenizer from it and hands it to
+    `bart_opt.Bart.from_pretrained`, which reads the weights from the same folder without looking again."""
+
+    name: str
+    folder: Path
+
+    @classmethod
+    def find(cls, name_or_path: str | os.PathLike | Checkpoint) -> Checkpoint:
+        """The checkpoint `name_or_path` names (`resolve_checkpoint`); a `Checkpoint` is already found, and is
+        returned as it is."""
+        if isinstance(name_or_path, Checkpoint):
+            return name_or_path
+        return cls(str(name_or_path), resolve_checkpoint(name_or_path))
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike, patterns: Sequence[str] = CHECKPOINT_PATTERNS) -> Path:
+    """A local folder as is; anything else is a hub id fetched into (or found in) the hub cache,
+    the files matching `patterns` (with HF_HUB_OFFLINE=1, only what the cache holds)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
@@ -47,11 +69,7 @@ def resolve_checkpoint(name_or_path: str | os.PathLike) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(
-            repo_id=str(name_or_path),
-            allow_patterns=["config.json", "generation_config.json", "*.safetensors", "pytorch_model.bin",
-                            "tokenizer*", "vocab.json", "merges.txt", "special_tokens_map.json"],
-        )
+        folder = snapshot_download(repo_id=str(name_or_path), allow_patterns=list(patterns))
     except Exception as err:  # hub errors come in many classes; all mean "could not get it"
         raise CheckpointError("no such checkpoint folder here, and no such model on the hub (or it cannot be "
                               "reached)", name_or_path, detail=f"{type(err).__name__}: {err}") from err
@@ -101,18 +119,19 @@ def load_generation_config(folder: Path, config: BartConfig) -> GenerationConfig
     return GenerationConfig.from_model_config(config)
 
 
-def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32, quantize: str | None = None):
-    """Build `cls(config, generation_config)` on the meta device and assign the checkpoint's tensors;
-    with `quantize="int8"`, quantize its layers from the float32 weights, then convert the rest to `dtype`."""
-    folder = resolve_checkpoint(name_or_path)
+def load_pretrained(cls, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                    quantize: str | None = None):
+    """Build `cls(config, generation_config)` on the meta device and assign `checkpoint`'s tensors on `device`
+    in `dtype`; with `quantize="int8"`, quantize its layers from the float32 weights, then convert the rest to
+    `dtype`. The checkpoint, device and dtype come resolved (`Checkpoint.find`, `bart_opt.hardware.choose_dtype`:
+    `bart_opt.Bart.from_pretrained` resolves them, once)."""
+    folder, name_or_path = checkpoint.folder, checkpoint.name
     if not (folder / "config.json").exists():
         raise CheckpointError("no config.json", folder)
     weights = weights_file(folder)
     identity = fingerprint(folder, weights.name)
     config = BartConfig.from_pretrained(str(folder))
     generation_config = load_generation_config(folder, config)
-    device = torch.device(device)
-    dtype = hardware.choose_dtype(dtype, device).dtype  # "auto" resolved; bfloat16 where it is slow warned once
     with torch.device("meta"):
         model = cls(config, generation_config)
     state = normalize_keys(read_state_dict(weights))
@@ -139,7 +158,7 @@ def load_pretrained(cls, name_or_path, device="cpu", dtype=torch.float32, quanti
         release_pages(unused_tensors(quantize_model(model), model))
         model.to(dtype)
         trim_heap()
-    model.name_or_path = str(name_or_path)
+    model.name_or_path = name_or_path
     model.fingerprint = identity
     return model.eval()
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -46,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BartConfig, GenerationConfig
 
-from bart_opt import native
+from bart_opt import hardware, native
 from bart_opt.attention import Attention
 from bart_opt.buffers import Buffers
 from bart_opt.cache import KVCache, StaticKVCache
@@ -63,7 +64,7 @@ from bart_opt.generation import Cancelled, generate
 from bart_opt.static_generation import generate_static
 from bart_opt.inputs import check_inputs, shift_right
 from bart_opt.kernels import Linear, linear, uses_onednn
-from bart_opt.loading import load_pretrained
+from bart_opt.loading import Checkpoint, load_pretrained
 from bart_opt.memory import LoggingMixin
 from bart_opt import packing as packing_rules  # patched as a module by the GPU-layout tests and benches
 from bart_opt.packing import Packing
@@ -330,9 +331,9 @@ class Bart(LoggingMixin, nn.Module):
     @classmethod
     def from_pretrained(
         cls,
-        name_or_path: str,
+        name_or_path: str | os.PathLike | Checkpoint,
         device: str | torch.device = "cpu",
-        dtype: torch.dtype | str | None = torch.float32,
+        dtype: torch.dtype | str | hardware.DtypeChoice | None = torch.float32,
         exact: bool = False,
         fast: bool = False,
         static: bool = False,
@@ -364,6 +365,12 @@ class Bart(LoggingMixin, nn.Module):
 
         `dtype` "auto" (or None) resolves through `bart_opt.hardware.choose_dtype`: float16 on CUDA,
         float32 on a CPU; bfloat16 on a CPU without native bfloat16 works, with one warning.
+        `name_or_path` and `dtype` resolve here, once: a caller that resolved them already (a
+        `bart_opt.loading.Checkpoint`, a `bart_opt.hardware.DtypeChoice`: `Summarizer.from_options`)
+        passes them, and they are taken as they are.
+
+        The modes are checked first (`bart_opt.options.EngineOptions.validate`): options that exclude each
+        other raise `bart_opt.options.OptionConflict` naming both, before any file is looked at.
 
         `static=True` (with the default or `fast`, not with `exact`): `generate` runs with fixed
         shapes and no host syncs between its checks of whether every input is done (every
@@ -378,9 +385,13 @@ class Bart(LoggingMixin, nn.Module):
         (`bart_opt.el_attention`). Less memory; on a CPU slower; other ids in the last bits, as the
         default's are (`python -m bart_opt.bench.fidelity --modes default,el`; docs/el-attention.md).
         """
-        EngineOptions(model=str(name_or_path), device=str(device), exact=exact, fast=fast, static=static,
+        name = name_or_path.name if isinstance(name_or_path, Checkpoint) else str(name_or_path)
+        EngineOptions(model=name, device=str(device), exact=exact, fast=fast, static=static,
                       el_attention=el_attention, quantize=quantize).validate()  # before any file is read
-        model = load_pretrained(cls, name_or_path, device=device, dtype=dtype, quantize=quantize)
+        device = torch.device(device)
+        checkpoint = Checkpoint.find(name_or_path)
+        model = load_pretrained(cls, checkpoint, device, hardware.choose_dtype(dtype, device).dtype,
+                               quantize=quantize)
         model.exact, model.fast = exact, fast
         model.static, model.el_attention = static, el_attention
         return model

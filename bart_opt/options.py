@@ -25,7 +25,10 @@ before anything is loaded. The command line calls it after parsing (``--exact --
 the service's settings when they are read (``BART_OPT_EXACT=true BART_OPT_FAST=true bart-opt
 serve``: exit 2), `bart_opt.Summarizer.from_options` and `bart_opt.Bart.from_pretrained` before
 they read a file, a Ray pool on its driver and each replica before its load. `Bart`'s mode
-setters (``model.exact = True``) apply the same table.
+setters (``model.exact = True``) apply the same table. Each surface names the two options in its
+own spelling through `OptionConflict.naming`: `cli_flag` (the flag `add_cli_args` made) on the
+command line, ``BART_OPT_<FIELD>`` in the service. The table in prose: docs/engine.md, "Which modes
+go together".
 """
 
 from __future__ import annotations
@@ -90,7 +93,9 @@ class OptionConflict(InvalidRequest):
         return self.message
 
     def naming(self, spell: Callable[[str], str]) -> str:
-        """The sentence with both options spelled by `spell` (field name -> ``--flag`` or ``BART_OPT_NAME``)."""
+        """The sentence with both options spelled by `spell`, the surface's one spelling of a field:
+        `cli_flag` on the command line (``--exact and --quantize``), `app.settings.setting_name` in
+        the service (``BART_OPT_EXACT and BART_OPT_QUANTIZE``)."""
         return f"{spell(self.names[0])} and {spell(self.names[1])} exclude each other: {self.reason}"
 
 
@@ -248,13 +253,21 @@ class EngineOptions:
         folder = Path(self.model).expanduser()
         return dataclasses.replace(self, model=str(folder.resolve())) if folder.is_dir() else self
 
+def cli_flag(name: str, options: type[EngineOptions] = EngineOptions) -> str:
+    """The command-line flag of field `name` of `options`, as `add_cli_args` adds it (``el_attention`` ->
+    ``--el-attention``, ``count_cpu_tensors`` -> ``--no-memory-count``); a name that is no field of
+    `options` (another option of a command) -> ``--<name>`` with dashes, argparse's spelling."""
+    flag = next((f.metadata["flag"] for f in fields(options) if f.name == name), None)
+    return flag or "--" + name.replace("_", "-")
+
+
 def add_cli_args(parser: argparse.ArgumentParser, options: type[EngineOptions] = EngineOptions) -> None:
     """One flag per field of `options` (unset flags read None, so the field's default applies)."""
     hints = typing.get_type_hints(options)
     groups: dict[str, Any] = {}
     for f in fields(options):
         meta = f.metadata
-        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        flag = cli_flag(f.name, options)
         target = parser
         if meta["exclusive"] is not None:
             if meta["exclusive"] not in groups:
@@ -276,5 +289,5 @@ def from_cli_args(args: argparse.Namespace, options: type[EngineOptions] = Engin
     return options(**given)
 
 
-__all__ = ["EXCLUSIONS", "EngineOptions", "Exclusion", "OptionConflict", "add_cli_args", "check_modes", "from_cli_args",
-           "option"]
+__all__ = ["EXCLUSIONS", "EngineOptions", "Exclusion", "OptionConflict", "add_cli_args", "check_modes", "cli_flag",
+           "from_cli_args", "option"]

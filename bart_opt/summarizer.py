@@ -139,17 +139,17 @@ class Summarizer:
         """Load what `options` describe (`bart_opt.options.EngineOptions`, validated first: options that
         exclude each other, or a device this machine lacks, are refused before anything is read); `hooks`
         go to the constructor (``scorer``, ``oom_errors``, ``before_model_call``)."""
-        from bart_opt.loading import resolve_checkpoint
+        from bart_opt.loading import Checkpoint
         from bart_opt.model import Bart
 
         options.validate()
         if options.torch_threads is not None:
             torch.set_num_threads(options.torch_threads)
         device = options.torch_device()
-        folder = resolve_checkpoint(options.model)
-        tokenizer = load_tokenizer(folder)
-        dtype = options.dtype_choice(device)
-        model = Bart.from_pretrained(str(folder), device=device, dtype=dtype.dtype, **options.engine_kwargs())
+        checkpoint = Checkpoint.find(options.model)  # found once: the tokenizer and the weights read this folder
+        tokenizer = load_tokenizer(checkpoint.folder)
+        dtype = options.dtype_choice(device)  # chosen once: the model takes the choice as it is
+        model = Bart.from_pretrained(checkpoint, device=device, dtype=dtype, **options.engine_kwargs())
         check_tokenizer(tokenizer, model.config, model.generation_config)
         return cls(model, tokenizer, name=options.model, max_batch_tokens=options.max_batch_tokens,
                    max_batch_size=options.max_batch_size, max_beams=options.max_beams,

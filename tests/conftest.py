@@ -130,6 +130,17 @@ def demo_checkpoint(make_checkpoint) -> str:
     return make_checkpoint(init_std=0.2)
 
 
+@pytest.fixture
+def unreadable_checkpoint(demo_checkpoint, tmp_path) -> str:
+    """The demo checkpoint's folder with its weights file replaced by bytes no reader takes: loading it is a
+    `CheckpointError` ("model.safetensors is damaged"), so a refusal that comes instead came before the
+    weights were read."""
+    folder = tmp_path / "unreadable"
+    shutil.copytree(demo_checkpoint, folder)
+    (folder / "model.safetensors").write_bytes(b"\xff" * 64)
+    return str(folder)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster() -> str:
     """One local Ray instance for the whole session (2 CPUs, no dashboard, a 150 MB object store,

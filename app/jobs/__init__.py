@@ -1,6 +1,9 @@
 """Evaluation jobs: ``POST /evaluate`` on a dataset, persisted in SQLite or PostgreSQL, resumed after a restart.
 
-- `app.jobs.service.JobService`: what the routes call (validation, the job view, the upkeep thread).
+- `app.jobs.service.JobService`: what the routes call (validation, the job view, the upkeep thread); it raises
+  the domain's errors (`app.domain_errors`), which `app.errors` alone turns into answers.
+- `app.jobs.ports`: what the jobs need of the engine (`JobEngine`) and the metrics (`Gauges`), as interfaces;
+  `app.jobs.config.JobsConfig`: what they take from the settings, built by `app.settings.Settings.jobs_config`.
 - `app.jobs.bodies`: the routes' request and response bodies (`EvaluateRequest`, `JobView`).
 - `app.jobs.job.Job`: a job as the store returns it, a frozen value.
 - `app.jobs.intake.Intake`: a submission's records streamed into the store in bounded transactions.

@@ -8,8 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.jobs.job import Job
+from app.jobs.paths import shown_model
 from app.schemas import GenerationOptions, RougeAggregate, RougeOptions
-from app.engine import shown_model
 from bart_opt.baselines import BASELINES
 from bart_opt.scoring.registry import intervals, metric_names
 
@@ -245,6 +245,10 @@ class JobView(BaseModel):
         None, description="What a running job waits for or runs on (jobs on a Ray cluster), e.g. 'starting 2 "
         "replicas of 1 CPU each (each loads the model)'."
     )
+    tracking: dict | None = Field(
+        None, description="Where the finished job was logged in MLflow (BART_OPT_MLFLOW_URI): run_id, experiment_id "
+        "and tracking_uri (its password hidden), or the error that kept it from being logged; None without tracking."
+    )
     runs: int
     links: dict[str, str]
 
@@ -294,6 +298,7 @@ class JobView(BaseModel):
             padding=metrics.get("padding"),
             error=job.error,
             status_detail=job.status_detail,
+            tracking=metrics.get("tracking"),
             runs=job.runs,
             links={"self": f"/evaluate/{job.id}", "predictions": f"/evaluate/{job.id}/predictions",
                    "errors": f"/evaluate/{job.id}/predictions?errors=only"},

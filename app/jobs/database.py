@@ -51,12 +51,13 @@ from sqlalchemy import create_engine, event, exc
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.pool import QueuePool
 
-_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # two letters at least: not a drive letter
+from bart_opt.redaction import URL_SCHEME, redacted
+from bart_opt.surfaces import surfaced
+
 _POSTGRES_SCHEMES = ("postgresql", "postgres", "postgresql+psycopg")
 _URL_FORMS = "a file path, sqlite:///PATH or postgresql://USER:PASSWORD@HOST:PORT/DATABASE"
 _ENCODE = ("percent-encode the password's '@', '/', ':' and '%' (python3 -c \"import sys, urllib.parse; "
            "print(urllib.parse.quote(sys.argv[1], safe=''))\" 'PASSWORD')")
-_QUERY_PASSWORD = re.compile(r"(?i)(^|[?&;\s])(password=)[^&\s]*")
 _PERCENT_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 _SQLITE_PHRASES = {
@@ -140,12 +141,15 @@ class StoreConflict(StoreError):
 class PoolLimits:
     """The connection pool of one store: `size` connections kept open, `overflow` more while
     busy (closed when given back), `timeout_s` a caller waits for one, `connect_timeout_s` to
-    open one to a server."""
+    open one to a server. Each is a service setting (`bart_opt.surfaces`: ``BART_OPT_DB_POOL_SIZE``, ...)."""
 
-    size: int = 5
-    overflow: int = 10
-    timeout_s: float = 10.0
-    connect_timeout_s: float = 10.0
+    size: int = surfaced(5, "connections to the jobs database each process keeps open", setting="db_pool_size", ge=1)
+    overflow: int = surfaced(10, "connections each process may open beyond db_pool_size while busy (closed when "
+                                 "idle)", setting="db_max_overflow", ge=0)
+    timeout_s: float = surfaced(10.0, "seconds a request waits for a free database connection before it is refused",
+                                setting="db_pool_timeout_s", gt=0)
+    connect_timeout_s: float = surfaced(10.0, "seconds to open a connection to a database server",
+                                        setting="db_connect_timeout_s", gt=0)
 
 
 def database_url(value: str | Path) -> URL:
@@ -160,7 +164,7 @@ def database_url(value: str | Path) -> URL:
     if not text.strip():
         raise InvalidDatabaseUrl(f"BART_OPT_DB is empty; give {_URL_FORMS}")
     if "://" not in text:
-        if _SCHEME.match(text):
+        if URL_SCHEME.match(text):
             scheme = text.split(":", 1)[0]
             raise InvalidDatabaseUrl(
                 f"BART_OPT_DB {redacted(text)!r} looks like a {scheme}: URL without '//' after the scheme, not a "
@@ -194,25 +198,6 @@ def _userinfo(rest: str) -> str | None:
     before_query = rest.split("?", 1)[0]
     at = before_query.rfind("@")
     return None if at < 0 else before_query[:at]
-
-
-def redacted(text: str) -> str:
-    """`text` (a ``BART_OPT_DB`` value, or any text holding one) with every password shown as ``***``: the
-    value of each ``password=`` parameter, and what follows the user name up to the last ``@`` of a URL's
-    user information. Made for values that do not parse too: a lost slash, an unencoded ``@``, ``/``,
-    ``:`` or ``%`` in the password. A value without a scheme (a file path) is shown as it is."""
-    hidden = _QUERY_PASSWORD.sub(r"\1\2***", text)
-    scheme = _SCHEME.match(hidden)
-    if scheme is None:
-        return hidden
-    head, rest = hidden[:scheme.end()], hidden[scheme.end():]
-    slashes = rest[:len(rest) - len(rest.lstrip("/"))]
-    rest = rest[len(slashes):]
-    at = rest.split("?", 1)[0].rfind("@")
-    if at < 0:
-        return hidden
-    user, colon, _ = rest[:at].partition(":")
-    return f"{head}{slashes}{user}{':***' if colon else ''}{rest[at:]}"
 
 
 def shown_url(url: URL) -> str:

@@ -39,17 +39,19 @@ from bart_opt.data import Record, RecordStream
 from bart_opt.errors import InvalidRequest
 from bart_opt.fingerprint import FileWatch
 from bart_opt.summarizer import check_text
+from bart_opt.surfaces import surfaced
 
 logger = logging.getLogger("app.jobs")
 
 
 @dataclass(frozen=True)
 class IntakeLimits:
-    """What one submission may hold (``BART_OPT_MAX_JOB_RECORDS``, ``BART_OPT_MAX_RECORD_CHARS``)
-    and how records are grouped into write transactions."""
+    """What one submission may hold (the settings ``BART_OPT_MAX_JOB_RECORDS``, ``BART_OPT_MAX_RECORD_CHARS``:
+    `bart_opt.surfaces`) and how records are grouped into write transactions."""
 
-    max_records: int
-    max_record_chars: int
+    max_records: int = surfaced(1_000_000, "most records one evaluation job may hold", setting="max_job_records", ge=1)
+    max_record_chars: int = surfaced(200_000, "longest text or reference of a job's record; a longer record fails, "
+                                              "the job goes on", setting="max_record_chars", ge=1)
     chunk_records: int = 1000
     chunk_chars: int = 4_000_000
 

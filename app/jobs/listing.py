@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from app.errors import ApiError
+from app.domain_errors import Refused
 from app.jobs.job import Job
 
 MAX_CURSOR_CHARS = 512
@@ -37,7 +37,7 @@ class Cursor:
 
     @classmethod
     def parse(cls, field: str, value: str | None) -> Cursor | None:
-        """The cursor a client sent as `field` (None when absent); a 422 naming `field` when it is not one."""
+        """The cursor a client sent as `field` (None when absent); `Refused` naming `field` when it is not one."""
         if value is None:
             return None
         try:
@@ -49,8 +49,8 @@ class Cursor:
             if not math.isfinite(created_at):
                 raise ValueError
         except (ValueError, TypeError, binascii.Error, UnicodeDecodeError):
-            raise ApiError(422, "invalid_request", f"{field}: not a cursor of this listing; follow the links.next "
-                           "and links.prev of a page", field=field) from None
+            raise Refused("invalid_request", f"{field}: not a cursor of this listing; follow the links.next "
+                          "and links.prev of a page", field=field) from None
         return cls((float(created_at), job_id))
 
     def __str__(self) -> str:

@@ -40,6 +40,13 @@ def shown(name: str, limit: int = 100) -> str:
     return repr(name)
 
 
+def shown_model(model: str) -> str:
+    """A model as clients see it: a hub id or relative folder as given, an absolute folder by its
+    last component only (server paths stay out of responses)."""
+    path = Path(model)
+    return path.name if path.is_absolute() else model
+
+
 def unreadable(name: str, error: BaseException) -> DataFileUnreadable:
     """The error to raise when the OS refuses `name`: the client's name and the OS's reason, no path."""
     errno = getattr(error, "errno", None)

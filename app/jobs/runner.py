@@ -8,9 +8,10 @@ How a job runs (``JobRunner._run``):
 2. Its run is `bart_opt.evaluate.core.evaluate_records` over the job's pending records
    (`app.jobs.storage.StoreSource`: no prediction yet, this is the whole resume, a window at a
    time) into the jobs database (`app.jobs.storage.StoreSink`: one transaction per row batch),
-   with the runner's executor: the service's device worker (`SummarizerExecutor` on a
-   `app.engine.WorkerDevice`: each planned batch one ``Kind.JOB`` item, which ``POST /summarize``
-   goes before up to its burst limit, the next batch queued while one is written) or, with
+   with the runner's executor: the engine's (`app.jobs.ports.JobEngine.executor`; the service's is
+   its device worker, `SummarizerExecutor` on a `app.engine.WorkerDevice`: each planned batch one
+   ``Kind.JOB`` item, which ``POST /summarize`` goes before up to its burst limit, the next batch
+   queued while one is written) or, with
    ``BART_OPT_RAY_ADDRESS``, the replicas of a `bart_opt.distributed.ReplicaPool`. The core holds
    the rules: refused and failed rows, dedupe by id, failure splitting, the failure streak.
 3. When every record has a row, the job ends: ``failed`` with the first reasons when every
@@ -18,7 +19,8 @@ How a job runs (``JobRunner._run``):
    record order (`bart_opt.evaluate.metrics`), so ROUGE is the same however many times the job
    was interrupted, and the baselines it asked for. Scores use the job's own ROUGE settings
    (``rouge_settings``) and metrics (its record's ``metrics``; a job from before them: ROUGE
-   only), and the metrics carry the job's signature.
+   only), and the metrics carry the job's signature. With ``BART_OPT_MLFLOW_URI``
+   the finished job is logged to MLflow first (`app.jobs.tracking`; a failure is a warning of the job).
 
 A job carries its engine (``engine_key``, `bart_opt.evaluate.record.engine_key`): a runner claims only
 jobs of its own engine (`JobStore.claim_next`), so two replicas with other ``BART_OPT_*`` engine
@@ -47,11 +49,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from app.engine import Engine, shown_model
 from app.jobs.job import Job
+from app.jobs.paths import shown_model
+from app.jobs.ports import GIVEN_UP, JobEngine
 from app.jobs.storage import Interrupted, StoreSink, StoreSource
 from app.jobs.store import JobStore, StoreConflict, StoreError, describe_store_error
-from app.worker import State
 from bart_opt.evaluate.core import Executor, FailureStreak, RunControl, evaluate_records
 from bart_opt.evaluate.external import ScoringExecutor
 from bart_opt.evaluate.metrics import RowTotals, metrics_from_rows, score_baselines
@@ -60,6 +62,7 @@ from bart_opt.rouge import RougeSettings
 from bart_opt.scoring.base import Metric
 from bart_opt.scoring.registry import MetricSettings, build_metrics
 from bart_opt.spec import GenerationSpec
+from bart_opt.surfaces import surfaced
 
 logger = logging.getLogger("app.jobs")
 
@@ -69,14 +72,27 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner's settings: lease length, window size, how long a store error is retried, and how long
-    a job of another engine waits for a replica of its engine before this runner fails it."""
+    """The runner's settings: lease length, window size, how long a store error is retried, how long
+    a job of another engine waits for a replica of its engine before this runner fails it, and the MLflow
+    tracking URI finished jobs are logged to (None: none). Each field is also a service setting
+    (`bart_opt.surfaces`: ``BART_OPT_JOB_LEASE_S``, ...)."""
 
-    lease_s: float = 30.0
-    window_records: int = 512
-    window_chars: int = 2_000_000
-    store_retry_s: float = 60.0
-    engine_wait_s: float = 300.0
+    lease_s: float = surfaced(30.0, "seconds a process's claim on a job holds unrenewed; a dead owner's job is taken "
+                                    "over after it", setting="job_lease_s", gt=0)
+    window_records: int = surfaced(512, "records a running job tokenizes and plans at a time", setting="job_window",
+                                   ge=1)
+    window_chars: int = surfaced(2_000_000, "characters a running job tokenizes at a time (about)",
+                                 setting="job_window_chars", ge=1)
+    store_retry_s: float = surfaced(60.0, "seconds a running job retries a failing jobs database before it is failed",
+                                    setting="store_retry_s", ge=0)
+    engine_wait_s: float = surfaced(300.0, "seconds a job submitted to another engine (other dtype, mode, static, "
+                                           "EL-attention, quantize or device) waits for a replica with that engine "
+                                           "before this one fails it, naming both", setting="job_engine_wait_s", gt=0)
+    mlflow_uri: str | None = surfaced(None, "log each finished evaluation job as a run in MLflow at this tracking URI "
+                                      "(http://HOST:PORT, sqlite:///PATH, ...; the tracking extra): params, metrics and "
+                                      "artifacts as bart-opt evaluate --mlflow logs them. A failure to log is one of the "
+                                      "job's warnings, never a failed job. Unset: MLflow is not imported",
+                                      setting="mlflow_uri")
 
 
 class _StoreDown(Exception):
@@ -92,7 +108,7 @@ class JobRunner:
 
     idle_poll_s = 1.0  # how often an idle runner looks for jobs queued by other processes
 
-    def __init__(self, store: JobStore, engine: Engine, executor: Callable[[], Executor], config: RunnerConfig,
+    def __init__(self, store: JobStore, engine: JobEngine, executor: Callable[[], Executor], config: RunnerConfig,
                  owner: str, store_ready: threading.Event):
         self.store = store
         self.engine = engine
@@ -234,7 +250,7 @@ class JobRunner:
         while not self._stop.is_set():
             if self.engine.wait_ready(0.2):
                 return True
-            if self.engine.state in (State.FAILED, State.STOPPED):
+            if self.engine.state in GIVEN_UP:
                 return False
             self._stop.wait(0.1)
         return False
@@ -416,6 +432,10 @@ class JobRunner:
             built = _metrics(job)
             metrics["baselines"] = self._store(lambda: score_baselines(
                 job.baselines, lambda: self.store.iter_records(job_id), rouge.scorer(), built, record.get("metrics")))
+        if self.config.mlflow_uri is not None:  # before it finishes: the job's view says where it went, or why not
+            from app.jobs.tracking import tracked
+
+            metrics = tracked(self.config.mlflow_uri, self.store, job, record, metrics)
         if self._store(self.store.finish, job_id, self.owner, metrics):
             logger.info("job %s succeeded (%d of %d examples failed)", job_id, job.failed, job.total)
 

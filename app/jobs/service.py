@@ -16,12 +16,13 @@ Several replicas may share one database (PostgreSQL, or one SQLite file on one m
 is an owner (`JobService.owner`, the ``replica`` label of its metrics), any of them answers
 any job's routes, and the counts it reports are the database's.
 
-Errors: a database failure is a 503 saying what is wrong with it (read-only, full, busy,
-unreachable) and never a path or host, with ``Retry-After``; a damaged database (corrupt
+Errors are the domain's (`app.domain_errors`; `app.errors` gives them their status codes): a
+database failure is `Unavailable` saying what is wrong with it (read-only, full, busy,
+unreachable) and never a path or host, with a retry delay; a damaged database (corrupt
 pages: an error that says so, or the check the upkeep thread runs once the store is open,
-`JobStore.verify`) is a 503 without it, since retrying cannot help: from then on this process refuses
-submissions and ``/ready`` says why (`JobService.damaged`) until it is restarted on a
-repaired database. A file's OS error is a 422 naming the file as the client gave it.
+`JobStore.verify`) is `DamagedStore`, without one, since retrying cannot help: from then on this process
+refuses submissions and ``/ready`` says why (`JobService.damaged`) until it is restarted on a
+repaired database. A file's OS error is `Refused`, naming the file as the client gave it.
 """
 
 from __future__ import annotations
@@ -39,58 +40,53 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.engine import Engine, WorkerDevice
-from app.errors import ApiError
+from app.domain_errors import (Busy, Conflict, DamagedStore, NotFound, Refused, ServiceError, SourceUnavailable,
+                               Unavailable)
 from app.jobs.bodies import EvaluateRequest, JobView
-from app.jobs.database import PoolLimits, StoreError
-from app.jobs.intake import BoundedPool, Intake, IntakeLimits, LoadAbandoned, LoadCancelled, PoolBusy
+from app.jobs.config import JobsConfig
+from app.jobs.database import StoreError
+from app.jobs.intake import BoundedPool, Intake, LoadAbandoned, LoadCancelled, PoolBusy
 from app.jobs.job import STATUSES, Job
 from app.jobs.listing import Cursor, link, page
 from app.jobs.migrations import SchemaTooNew
 from app.jobs.paths import DataFileMissing, DataFileUnreadable, PathRefused, resolve_data_file, shown, unreadable
-from app.jobs.runner import JobRunner, RunnerConfig
+from app.jobs.ports import Gauges, JobEngine
+from app.jobs.runner import JobRunner
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
 from app.jobs.store import ERROR_FILTERS, JobStore, NewJob, describe_store_error
-from app.metrics import Metrics
-from app.settings import Settings
 from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate.core import Executor, SummarizerExecutor
+from bart_opt.evaluate.core import Executor
 from bart_opt.evaluate.record import run_record
-from bart_opt.scoring.registry import build_metrics
 from bart_opt.fingerprint import FileChanged, FileWatch
 from bart_opt.readers import TooLarge
+from bart_opt.scoring.registry import build_metrics
 
 logger = logging.getLogger("app.jobs")
 
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 _UPKEEP_S = 1.0
 _STALE_EVERY = 30  # upkeep ticks between looks for submissions whose loader died
-_RETRY_AFTER = {"Retry-After": "5"}
+_RETRY_AFTER_S = 5
 
 
 class JobService:
-    """Evaluation jobs on the service's shared `Engine`: its model, and its device worker or a Ray cluster."""
+    """Evaluation jobs on the service's shared engine (`JobEngine`): its model, and its device worker or a
+    Ray cluster; `config` is what the settings say (`app.settings.Settings.jobs_config`)."""
 
-    def __init__(self, settings: Settings, metrics: Metrics, engine: Engine) -> None:
-        self.settings = settings
+    def __init__(self, config: JobsConfig, metrics: Gauges, engine: JobEngine) -> None:
+        self.config = config
         self.engine = engine
-        pool = PoolLimits(size=settings.db_pool_size, overflow=settings.db_max_overflow,
-                          timeout_s=settings.db_pool_timeout_s, connect_timeout_s=settings.db_connect_timeout_s)
-        self.store = JobStore(settings.db, pool=pool)
+        self.store = JobStore(config.db, pool=config.pool)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._store_ready = threading.Event()
-        config = RunnerConfig(lease_s=settings.job_lease_s, window_records=settings.job_window,
-                              window_chars=settings.job_window_chars, store_retry_s=settings.store_retry_s,
-                              engine_wait_s=settings.job_engine_wait_s)
-        self.runner = JobRunner(self.store, engine, self._executor, config, self.owner, self._store_ready)
-        limits = IntakeLimits(max_records=settings.max_job_records, max_record_chars=settings.max_record_chars)
-        self.intake = Intake(self.store, limits, self.owner, settings.job_lease_s)
-        self._hub_allowed = parse_allowlist(settings.hub_datasets)
-        workers = settings.dataset_loaders
+        self.runner = JobRunner(self.store, engine, self._executor, config.runner, self.owner, self._store_ready)
+        self.intake = Intake(self.store, config.intake, self.owner, config.runner.lease_s)
+        self._hub_allowed = parse_allowlist(config.hub_datasets)
+        workers = config.dataset_loaders
         self._pools = {"hub": BoundedPool("bart-opt-hub", workers, workers),
                        "local": BoundedPool("bart-opt-load", workers, workers)}
-        self.unavailable: str | None = "the jobs database is being opened"  # why job routes answer 503
+        self.unavailable: str | None = "the jobs database is being opened"  # why job routes answer `Unavailable`
         self.damaged: str | None = None  # why the database cannot be used again without a repair
         self._counts = dict.fromkeys(STATUSES, 0)  # cached for /metrics, refreshed by the upkeep thread
         self._stop = threading.Event()
@@ -108,17 +104,13 @@ class JobService:
         ).labels(self.owner).set_function(self.runner.rate)
 
     def _executor(self) -> Executor:
-        """What runs the jobs' batches: the engine's device worker, or replicas on the Ray cluster of
+        """What runs the jobs' batches: the engine's (its device worker), or replicas on the Ray cluster of
         ``BART_OPT_RAY_ADDRESS`` (only then is Ray imported)."""
-        s = self.settings
-        if s.ray_address is None:
-            return SummarizerExecutor(self.engine.summarizer, device=lambda control: WorkerDevice(self.engine, control))
-        from bart_opt.distributed import ClusterOptions, ReplicaPool
+        if self.config.cluster is None:
+            return self.engine.executor()
+        from bart_opt.distributed import ReplicaPool
 
-        cluster = ClusterOptions(address=s.ray_address, replicas=s.ray_replicas, gpus_per_replica=s.ray_gpus_per_replica,
-                                 threads_per_replica=s.ray_threads_per_replica, start_timeout_s=s.ray_start_timeout_s,
-                                 stall_timeout_s=s.ray_stall_timeout_s)
-        return ReplicaPool(s.engine_options(), cluster, name=s.model)
+        return ReplicaPool(self.config.engine, self.config.cluster, name=self.config.engine.model)
 
     # ---- life cycle ------------------------------------------------------------------------
 
@@ -134,7 +126,7 @@ class JobService:
         self._changed.set()
         for pool in self._pools.values():
             pool.shutdown()
-        self.runner.stop(timeout=self.settings.shutdown_timeout)
+        self.runner.stop(timeout=self.config.shutdown_timeout)
         self._upkeep.join(timeout=5)
         self.store.close()
 
@@ -159,7 +151,7 @@ class JobService:
 
     def _upkeep_loop(self) -> None:
         tick = 0
-        every = min(_UPKEEP_S, self.settings.job_lease_s / 3)  # a lease is renewed well before it runs out
+        every = min(_UPKEEP_S, self.config.runner.lease_s / 3)  # a lease is renewed well before it runs out
         verified = False
         while not self._stop.is_set():
             self._changed.wait(every)
@@ -222,21 +214,21 @@ class JobService:
                            "and keeps retrying; accepted jobs wait (the server log has the cause)"}
 
     def _check_damaged(self) -> None:
-        """Raise the 503 of a damaged database (no ``Retry-After``); nothing when it is not known to be."""
+        """Raise `DamagedStore` while the database is known to be damaged (retrying cannot help)."""
         damage = self.damage()
         if damage is not None:
-            raise ApiError(503, damage["code"], damage["message"])
+            raise DamagedStore(damage["code"], damage["message"])
 
     def _check_available(self) -> None:
         self._check_damaged()
         if self.unavailable is not None:
-            raise ApiError(503, "jobs_unavailable", f"evaluation jobs are unavailable: {self.unavailable}",
-                           headers=_RETRY_AFTER)
+            raise Unavailable("jobs_unavailable", f"evaluation jobs are unavailable: {self.unavailable}",
+                              retry_after=_RETRY_AFTER_S)
 
     @contextmanager
     def _store_errors(self) -> Iterator[None]:
-        """A database failure during a route's work becomes a 503 that says what is wrong (with
-        ``Retry-After`` unless the database is damaged)."""
+        """A database failure during a route's work becomes `Unavailable` saying what is wrong (`DamagedStore`
+        when the database is damaged)."""
         try:
             yield
         except StoreError as error:
@@ -244,34 +236,35 @@ class JobService:
             if error.damaged:
                 self._damaged(error)
                 self._check_damaged()
-            raise ApiError(503, "jobs_store_unavailable", f"{describe_store_error(error)}; retry later",
-                           headers=_RETRY_AFTER) from error
+            raise Unavailable("jobs_store_unavailable", f"{describe_store_error(error)}; retry later",
+                              retry_after=_RETRY_AFTER_S) from error
 
     # ---- the routes' operations -------------------------------------------------------------
 
     async def submit(self, body: EvaluateRequest, idempotency_key: str | None) -> tuple[dict, bool]:
         """Create a queued job; returns ``(view, True)``, or ``(existing view, False)`` for a known key.
 
-        Raises ApiError: 503 before the model is loaded or while the store cannot be written,
-        409 for a key used with another body (or still being loaded), 422 for bad options, a
-        refused, missing or unreadable source, a missing column, bad records; 429 when the
-        loading pool is full; 502 when a hub dataset cannot be read.
+        Raises `Unavailable` before the model is loaded or while the store cannot be written,
+        `Conflict` for a key used with another body (or still being loaded), `Refused` (or
+        `InvalidRequest`) for bad options, a refused, missing or unreadable source, a missing
+        column, bad records; `Busy` when the loading pool is full; `SourceUnavailable` when a hub
+        dataset cannot be read.
         """
         self._check_available()
         self.engine.check_ready()
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
-            raise ApiError(422, "invalid_request", "Idempotency-Key: must be 1 to 255 visible ASCII characters",
-                           field="Idempotency-Key")
-        if body.limit is not None and body.limit > self.settings.max_job_records:
-            raise ApiError(422, "invalid_request", f"limit: at most {self.settings.max_job_records:,} records per "
-                           "job (BART_OPT_MAX_JOB_RECORDS)", field="limit")
+            raise Refused("invalid_request", "Idempotency-Key: must be 1 to 255 visible ASCII characters",
+                          field="Idempotency-Key")
+        most = self.config.intake.max_records
+        if body.limit is not None and body.limit > most:
+            raise Refused("invalid_request", f"limit: at most {most:,} records per "
+                          "job (BART_OPT_MAX_JOB_RECORDS)", field="limit")
         spec = body.dataset
         if spec.source == "hub":
             try:
                 check_hub_source(spec.hub, spec.config, spec.split, self._hub_allowed)
             except SourceRefused as error:
-                raise ApiError(422, "dataset_not_allowed", f"{error.field}: {error.message}",
-                               field=error.field) from None
+                raise Refused("dataset_not_allowed", f"{error.field}: {error.message}", field=error.field) from None
         pool = self._pools["hub" if spec.source == "hub" else "local"]
         cancelled = threading.Event()
         try:
@@ -281,8 +274,8 @@ class JobService:
             raise
         except PoolBusy:
             kind = "hub datasets" if spec.source == "hub" else "datasets"
-            raise ApiError(429, "loaders_busy", f"the server is loading as many {kind} as it may at once "
-                           "(BART_OPT_DATASET_LOADERS); retry shortly", headers=_RETRY_AFTER) from None
+            raise Busy("loaders_busy", f"the server is loading as many {kind} as it may at once "
+                       "(BART_OPT_DATASET_LOADERS); retry shortly", retry_after=_RETRY_AFTER_S) from None
 
     def _submit(self, body: EvaluateRequest, idempotency_key: str | None,
                 cancelled: threading.Event) -> tuple[dict, bool]:
@@ -310,14 +303,14 @@ class JobService:
     def _new_job(self, body: EvaluateRequest, request_hash: str, idempotency_key: str | None) -> NewJob:
         """The job `body` asks for, with its run record: the engine and checkpoint of this server (a model
         job), the ROUGE settings, the metrics, the versions, the processor and the signature. Raises
-        `InvalidRequest` (a 422) naming ``generation.*``, ``rouge.*`` or ``metrics``."""
+        `InvalidRequest` naming ``generation.*``, ``rouge.*`` or ``metrics``."""
         options = body.rouge
         try:
-            rouge = self.settings.rouge_settings(options and options.tokenizer, options and options.lang)
+            rouge = self.config.rouge_settings(options and options.tokenizer, options and options.lang)
         except InvalidRequest as error:
             raise error.within("rouge") from None
         try:
-            metrics = self.settings.metric_settings(rouge, body.metrics)
+            metrics = self.config.metric_settings(rouge, body.metrics)
         except InvalidRequest as error:
             if error.field == "metrics":
                 raise
@@ -345,7 +338,7 @@ class JobService:
 
     def engine_record(self) -> dict | None:
         """This replica's engine as jobs record it (None before the model is loaded): what ``/ready`` shows."""
-        return self.runner.executor().engine_record() if self.engine.summarizer is not None else None
+        return self.runner.executor().engine_record() if self.engine.state not in ("loading", "failed") else None
 
     def _open(self, body: EvaluateRequest) -> tuple[RecordStream, FileWatch | None]:
         """The body's records as a stream, and for a file the watch on it, begun before it is opened
@@ -354,9 +347,9 @@ class JobService:
         options = {"text_column": columns["text"], "summary_column": columns["summary"],
                    "id_column": columns["id"], "limit": body.limit}
         if spec.source == "file":
-            path = resolve_data_file(self.settings.data_dir, spec.file)
+            path = resolve_data_file(self.config.data_dir, spec.file)
             watch = FileWatch(path, spec.file)
-            records = iter_records(file=path, name=spec.file, max_line_bytes=self.settings.max_line_bytes, **options)
+            records = iter_records(file=path, name=spec.file, max_line_bytes=self.config.max_line_bytes, **options)
             return records, watch
         if spec.source == "records":
             return iter_records(records=spec.records, **options), None
@@ -364,57 +357,56 @@ class JobService:
 
     @contextmanager
     def _dataset_errors(self, body: EvaluateRequest) -> Iterator[str]:
-        """Map what opening and copying the dataset raises to 4xx/5xx answers that name the source."""
+        """Map what opening and copying the dataset raises to domain errors that name the source."""
         spec = body.dataset
         where = f"dataset.{spec.source}"
         try:
             yield where
-        except (StoreError, ApiError, LoadCancelled):
+        except (StoreError, ServiceError, LoadCancelled):
             raise
         except PathRefused as error:
-            raise ApiError(422, "path_not_allowed", f"{where}: {error}", field=where) from error
+            raise Refused("path_not_allowed", f"{where}: {error}", field=where) from error
         except MissingColumnError as error:
-            raise ApiError(422, "missing_column", str(error), field=f"{error.role}_column") from error
+            raise Refused("missing_column", str(error), field=f"{error.role}_column") from error
         except FileNotFoundError as error:
             if not isinstance(error, DataFileMissing) and error.errno is not None:
-                raise ApiError(422, "dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
-                               field=where) from None  # deleted since it was looked up: the OS names the path
-            raise ApiError(422, "dataset_not_found", f"{where}: {error}", field=where) from error
+                raise Refused("dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
+                              field=where) from None  # deleted since it was looked up: the OS names the path
+            raise Refused("dataset_not_found", f"{where}: {error}", field=where) from error
         except HubUnavailable as error:
             logger.warning("could not load hub dataset %r: %s", spec.hub, error)
-            raise ApiError(502, "dataset_unavailable", f"{where}: {_hub_problem(spec.hub, error)}",
-                           field=where) from None
+            raise SourceUnavailable("dataset_unavailable", f"{where}: {_hub_problem(spec.hub, error)}",
+                                    field=where) from None
         except DataFileUnreadable as error:
-            raise ApiError(422, "dataset_unreadable", f"{where}: {error}", field=where) from error
+            raise Refused("dataset_unreadable", f"{where}: {error}", field=where) from error
         except OSError as error:
             logger.warning("could not read dataset file %r: %s", spec.file, error)
-            raise ApiError(422, "dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
-                           field=where) from None
+            raise Refused("dataset_unreadable", f"{where}: {unreadable(spec.file or '', error)}",
+                          field=where) from None
         except FileChanged as error:
-            raise ApiError(422, "dataset_changed", f"{where}: {error}; the job was not created: submit it again once "
-                           "the file is complete", field=where) from error
+            raise Refused("dataset_changed", f"{where}: {error}; the job was not created: submit it again once "
+                          "the file is complete", field=where) from error
         except TooLarge as error:
-            raise ApiError(422, "invalid_dataset", f"{where}: {error} (BART_OPT_MAX_LINE_BYTES)",
-                           field=where) from error
+            raise Refused("invalid_dataset", f"{where}: {error} (BART_OPT_MAX_LINE_BYTES)", field=where) from error
         except ValueError as error:
-            raise ApiError(422, "invalid_dataset", f"{where}: {error}", field=where) from error
+            raise Refused("invalid_dataset", f"{where}: {error}", field=where) from error
         except LoadAbandoned as error:
             logger.error("%s", error)
-            raise ApiError(503, "jobs_store_unavailable", "the submission could not be stored in time; retry",
-                           headers=_RETRY_AFTER) from error
+            raise Unavailable("jobs_store_unavailable", "the submission could not be stored in time; retry",
+                              retry_after=_RETRY_AFTER_S) from error
 
     def get(self, job_id: str) -> dict:
-        """The job's detail view (with per-batch memory); 404 when unknown."""
+        """The job's detail view (with per-batch memory); `NotFound` when unknown."""
         with self._store_errors():
             return self.view(self._job(job_id), detail=True)
 
     def list(self, status: str | None = None, limit: int = 100, before: str | None = None,
              after: str | None = None) -> dict:
         """A page of jobs, newest first, optionally only one status, with the links to the pages
-        around it (see `app.jobs.listing`); 422 for a cursor that is not one."""
+        around it (see `app.jobs.listing`); `Refused` for a cursor that is not one."""
         self._check_available()
         if status is not None and status not in STATUSES:
-            raise ApiError(422, "invalid_request", f"status: must be one of {', '.join(STATUSES)}", field="status")
+            raise Refused("invalid_request", f"status: must be one of {', '.join(STATUSES)}", field="status")
         before_cursor, after_cursor = Cursor.parse("before", before), Cursor.parse("after", after)
         with self._store_errors():
             found = self.store.list(status, limit + 1, before_cursor and before_cursor.key,
@@ -424,7 +416,7 @@ class JobService:
                 "links": {"next": link(limit, status, "before", older), "prev": link(limit, status, "after", newer)}}
 
     def cancel(self, job_id: str) -> dict:
-        """Cancel a queued or running job (its stored predictions stay); 409 when it already ended.
+        """Cancel a queued or running job (its stored predictions stay); `Conflict` when it already ended.
 
         A job running in another process stops there when its next write or lease renewal is refused.
         """
@@ -436,38 +428,39 @@ class JobService:
                 logger.info("job %s cancelled", job_id)
                 job = self._job(job_id)
             if job.status != "cancelled":
-                raise ApiError(409, "job_finished", f"job {job_id} already {job.status}; there is nothing to cancel")
+                raise Conflict("job_finished", f"job {job_id} already {job.status}; there is nothing to cancel")
             return self.view(job, detail=True)
 
     def prediction_lines(self, job_id: str, errors: str = "include") -> Iterator[str]:
-        """The job's predictions so far as JSON lines, in record order; 404 when unknown.
+        """The job's predictions so far as JSON lines, in record order; `NotFound` when unknown.
 
         `errors`: ``include`` (every row), ``only`` (failed examples, with their reasons), ``exclude``.
         """
         if errors not in ERROR_FILTERS:
-            raise ApiError(422, "invalid_request", f"errors: must be one of {', '.join(ERROR_FILTERS)}",
-                           field="errors")
+            raise Refused("invalid_request", f"errors: must be one of {', '.join(ERROR_FILTERS)}", field="errors")
         with self._store_errors():
             self._job(job_id)
         return self.store.prediction_lines(job_id, errors)
 
     def prediction_rows(self, job_id: str) -> list[dict]:
-        """The job's prediction rows stored so far, in record order; 404 when unknown."""
+        """The job's prediction rows stored so far, in record order; `NotFound` when unknown."""
         return [json.loads(line) for line in self.prediction_lines(job_id)]
 
     def example(self, job_id: str, example_id: str) -> dict:
-        """One example: its text and reference, and its prediction row (None until it is done); 404 when unknown."""
+        """One example: its text and reference, and its prediction row (None until it is done); `NotFound` when
+        unknown."""
         with self._store_errors():
             self._job(job_id)
             record, row = self.store.example(job_id, example_id)
         if record is None:
-            raise ApiError(404, "example_not_found", f"job {job_id} has no example {example_id!r}")
+            raise NotFound("example_not_found", f"job {job_id} has no example {example_id!r}")
         return {"id": record.id, "text": record.text, "reference": record.reference, "prediction": row}
 
     # ---- helpers -----------------------------------------------------------------------------
 
     def job(self, job_id: str) -> Job:
-        """The job `job_id` as stored; 404 when unknown (or still loading), 503 while the store is down."""
+        """The job `job_id` as stored; `NotFound` when unknown (or still loading), `Unavailable` while the store
+        is down."""
         with self._store_errors():
             return self._job(job_id)
 
@@ -475,18 +468,18 @@ class JobService:
         self._check_available()
         job = self.store.get(job_id)
         if job is None or job.status == "loading":
-            raise ApiError(404, "job_not_found", f"no evaluation job {shown(job_id)}")
+            raise NotFound("job_not_found", f"no evaluation job {shown(job_id)}")
         return job
 
     def _replay(self, job: Job, key: str, request_hash: str) -> dict:
         if job.request_hash != request_hash:
-            raise ApiError(409, "idempotency_key_reused",
+            raise Conflict("idempotency_key_reused",
                            f"Idempotency-Key {key!r} was already used for a different request (job {job.id})",
                            field="Idempotency-Key")
         if job.status == "loading":
-            raise ApiError(409, "idempotency_key_in_progress",
+            raise Conflict("idempotency_key_in_progress",
                            f"a request with Idempotency-Key {key!r} is still loading its dataset; retry shortly",
-                           field="Idempotency-Key", headers={"Retry-After": "1"})
+                           field="Idempotency-Key", retry_after=1)
         return self.view(job)
 
     def view(self, job: Job, *, detail: bool = False) -> dict:

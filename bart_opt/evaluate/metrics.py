@@ -8,7 +8,8 @@ from a database a page at a time. `model_metrics` and `baseline_metrics` are its
 Metrics beyond ROUGE (`bart_opt.scoring.registry`) are aggregated the same way (`ScoreTotals`: each
 score packed as floats, aggregated with ROUGE's bootstrap samples and seed) into
 ``metrics[name] = {score: {"low", "mid", "high"}}``, beside ``metrics["metrics"]`` (their names, ROUGE
-first) and ``metrics["metric_settings"]`` (the run record's ``metrics``: settings and signatures).
+first), ``metrics["signatures"]`` (each one's signature but ROUGE's) and ``metrics["metric_settings"]``
+(the run record's ``metrics``: settings and signatures).
 
 The model is described by what a `Summarizer` has (``name``, ``device``, ``count_cpu_tensors``,
 ``scorer``); a Ray replica pool has the same. Baselines (`bart_opt.baselines`) are scored here
@@ -243,7 +244,7 @@ class RowTotals:
         }
         if self.metrics is not None:
             common.update({"metrics": ["rouge", *self.extra.names], **self.extra.aggregates(),
-                           "metric_settings": self.metrics})
+                           "signatures": dict(self.metrics.get("signatures") or {}), "metric_settings": self.metrics})
         return common
 
     def model_metrics(self, model: ModelInfo, generation: Mapping[str, Any],

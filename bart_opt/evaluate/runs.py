@@ -145,6 +145,7 @@ def run_evaluation(
     progress: bool = True,
     *,
     on_batch: Callable[[list[dict]], None] | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
     source: str | None = None,
     overwrite: bool = False,
     baselines: Sequence[str] = (),
@@ -157,7 +158,9 @@ def run_evaluation(
     `bart_opt.distributed.ReplicaPool`. Writes predictions.jsonl as it goes, then metrics.json;
     returns the metrics. `progress` shows a tqdm bar on stderr. `on_batch(rows)` runs after each
     batch is on disk (a hook for callers and tests; raising from it stops the run, leaving a
-    resumable directory). `source` names the dataset in run.json and in messages. `overwrite`
+    resumable directory). `on_progress(done, total)` is told what the progress bar shows, as it moves:
+    the records with a row (resumed ones first) of all of them (an experiment tracker's hook,
+    `bart_opt.tracking`). `source` names the dataset in run.json and in messages. `overwrite`
     deletes an earlier run in `out_dir` and starts over. `baselines` (e.g. ``["lead-3"]``, see
     `bart_opt.baselines`) are scored on the same records with the same scorer and reported under
     ``metrics["baselines"][name]``. `rouge` are the ROUGE settings (default: the model's scorer's),
@@ -186,27 +189,36 @@ def run_evaluation(
                          generation=spec.to_dict(), engine=executor.engine_record(), rouge=rouge,
                          processor_info=executor.processor(), metrics=metrics.record(built))
         notes = start_run(out, run, records, source, overwrite=overwrite)
-        return _evaluate_into(out, executor, records, spec, progress, on_batch, baselines, run, notes, built)
+        return _evaluate_into(out, executor, records, spec, progress, on_batch, on_progress, baselines, run, notes,
+                              built)
 
 
 def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spec: GenerationSpec, progress: bool,
-                   on_batch: Callable[[list[dict]], None] | None, baselines: Sequence[str], run: dict,
-                   notes: list[str], metrics: Sequence[Metric]) -> dict:
+                   on_batch: Callable[[list[dict]], None] | None, on_progress: Callable[[int, int], None] | None,
+                   baselines: Sequence[str], run: dict, notes: list[str], metrics: Sequence[Metric]) -> dict:
     """`run_evaluation`'s work once the folder is locked and matched to the run (`run`, the record; `metrics`,
     its metrics built)."""
     rouge = RougeSettings.from_dict(run["rouge_settings"])
     from tqdm.auto import tqdm
 
     start = time.perf_counter()
+    stored = 0  # records with a row, resumed ones included (a disabled bar counts none)
     with tqdm(total=len(records), unit="doc", desc="evaluate", disable=not progress) as bar:
+        def moved(rows: int) -> None:
+            nonlocal stored
+            stored += rows
+            bar.update(rows)
+            if on_progress is not None:
+                on_progress(stored, len(records))
+
         def written(rows: list[dict]) -> None:
-            bar.update(len(rows))
+            moved(len(rows))
             if on_batch is not None:
                 on_batch(rows)
 
         folder = RunFolder(out, written)
         done = len({record.id for record in records} & folder.done)
-        bar.update(done)
+        moved(done)
         report = evaluate_records(ListSource(records), folder, executor, spec, rouge=rouge, metrics=metrics)
     found = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict(),
                             scorer=rouge.scorer(), run=run)

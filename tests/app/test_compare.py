@@ -1,4 +1,4 @@
-"""CompareService without HTTP: jobs in, the comparison or the right ApiError out."""
+"""CompareService without HTTP: jobs in, the comparison or the right domain error (and its status) out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import pytest
 from datetime import datetime, timezone
 
 from app.compare import MAX_JOBS, CompareService
-from app.errors import ApiError
+from app.domain_errors import NotFound, ServiceError
+from app.errors import status_of
 from app.jobs.job import Job
 from bart_opt.compare import Run, compare_runs
 from bart_opt.errors import InvalidRequest
@@ -22,7 +23,7 @@ class Jobs:
 
     def job(self, job_id: str) -> Job:
         if job_id not in self.jobs:
-            raise ApiError(404, "job_not_found", f"no evaluation job {job_id!r}")
+            raise NotFound("job_not_found", f"no evaluation job {job_id!r}")
         return self.jobs[job_id][0]
 
     def prediction_rows(self, job_id: str) -> list[dict]:
@@ -91,8 +92,8 @@ def test_caller_mistakes_name_their_field(service, ids, kwargs, field, message):
     ],
 )  # fmt: skip
 def test_jobs_that_cannot_be_compared(service, ids, status, code, field, message):
-    with pytest.raises(ApiError) as caught:
+    with pytest.raises(ServiceError) as caught:
         service.compare(ids)
     error = caught.value
-    assert (error.status, error.code, error.field) == (status, code, field)
+    assert (status_of(error), error.code, error.field) == (status, code, field)
     assert message in error.message

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import typing
 
 import pytest
 from pydantic import ValidationError
 
-from app.settings import Settings
+from app.jobs.config import COMPONENTS, JobsConfig
+from app.settings import Settings, setting_name
+from bart_opt.cluster import ClusterOptions
+from bart_opt.errors import InvalidRequest
+from bart_opt.rouge import RougeSettings
+from bart_opt.surfaces import settings_of
 
 
 def test_defaults(monkeypatch):
@@ -159,6 +166,19 @@ SERVE_CONFLICTS = [
 ]
 
 
+SERVE_CONFLICTS_BY_NAMES = [  # the whole sentences of the three the issue shows
+    (("BART_OPT_EXACT", "BART_OPT_STATIC"), "BART_OPT_EXACT and BART_OPT_STATIC exclude each other: exact mode gives "
+     "every kernel transformers' inputs so that its ids equal transformers' bit for bit, and the static search runs "
+     "fixed shapes with another attention layout; turn one of them off"),
+    (("BART_OPT_EXACT", "BART_OPT_QUANTIZE"), "BART_OPT_EXACT and BART_OPT_QUANTIZE exclude each other: exact mode "
+     "gives every kernel transformers' inputs so that its ids equal transformers' bit for bit, and int8 products "
+     "round differently from transformers' float ones; turn one of them off"),
+    (("BART_OPT_QUANTIZE", "BART_OPT_DEVICE"), "BART_OPT_QUANTIZE and BART_OPT_DEVICE exclude each other: int8 runs on "
+     "a CPU only (torch's int8 dynamic-quantized linear is a CPU kernel); on cuda use dtype float16 or bfloat16 "
+     "instead, or device cpu"),
+]
+
+
 @pytest.mark.parametrize(("environment", "sentence"), SERVE_CONFLICTS)
 def test_conflicting_engine_settings_make_serve_exit_2_with_one_sentence(environment, sentence, monkeypatch, capsys,
                                                                          tmp_path):
@@ -186,6 +206,24 @@ def test_a_device_the_machine_lacks_makes_serve_exit_2(device, monkeypatch, caps
     assert capsys.readouterr().err.strip().startswith(f"bart-opt serve: error: BART_OPT_DEVICE: '{device}' asked for, but")
 
 
+@pytest.mark.parametrize("environment", [{"BART_OPT_EXACT": "true", "BART_OPT_STATIC": "true"},
+                                         {"BART_OPT_EXACT": "true", "BART_OPT_QUANTIZE": "int8"},
+                                         {"BART_OPT_QUANTIZE": "int8", "BART_OPT_DEVICE": "cuda"}])
+def test_bart_opt_serve_refuses_a_combination_before_the_weights_are_read(environment, unreadable_checkpoint,
+                                                                           tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    sentence = dict(SERVE_CONFLICTS_BY_NAMES)[tuple(environment)]
+    env = {**os.environ, **environment, "BART_OPT_DB": str(tmp_path / "jobs.db")}
+    run = subprocess.run([sys.executable, "-m", "bart_opt.cli", "serve", "--model", unreadable_checkpoint, "--port",
+                          "0"], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines() == [f"bart-opt serve: error: {sentence}"]  # not the damaged model.safetensors
+    assert not (tmp_path / "jobs.db").exists()
+
+
 def test_bart_opt_serve_with_exact_and_fast_exits_2_before_loading_anything(tmp_path):
     import os
     import subprocess
@@ -198,6 +236,93 @@ def test_bart_opt_serve_with_exact_and_fast_exits_2_before_loading_anything(tmp_
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("bart-opt serve: error: BART_OPT_EXACT and BART_OPT_FAST exclude")
     assert not (tmp_path / "jobs.db").exists()  # nothing started: no database, no model
+
+
+# ---- the settings derived from the components' fields -------------------------------------
+
+_SAMPLE = {int: 3, float: 2.5, str: "auto"}
+
+
+def _sample(component: type, f) -> object:
+    hint = typing.get_type_hints(component)[f.name]
+    return next(value for kind, value in _SAMPLE.items() if kind is hint or kind in typing.get_args(hint))
+
+
+def test_each_ray_option_is_one_field_that_is_its_flag_its_setting_and_its_env_var(monkeypatch):
+    from bart_opt import cluster
+    from bart_opt.cli import build_parser
+
+    base = ["evaluate", "--model", "m", "--data", "d.jsonl", "--out", "o", "--ray", "auto"]
+    parser = build_parser()
+    flags, settings = [], []
+    for f in dataclasses.fields(ClusterOptions):
+        value = _sample(ClusterOptions, f)
+        flag, setting = f.metadata["flag"], f.metadata["setting"]
+        if flag is not None:
+            flags.append(flag)
+            args = base + ([] if f.name == "address" else [flag, str(value)])
+            assert getattr(cluster.from_cli_args(parser.parse_args(args)), f.name) == value, flag
+        if setting is not None:
+            settings.append(setting)
+            assert Settings.model_fields[setting].default == (None if f.metadata["switch"] else f.default)
+            assert Settings.model_fields[setting].description.lower().startswith(f.metadata["help"][:20].lower())
+            with monkeypatch.context() as env:
+                env.setenv("BART_OPT_RAY_ADDRESS", "auto")
+                env.setenv(setting_name(setting), str(value))
+                assert getattr(Settings().cluster_options(), f.name) == value, setting
+    assert flags == ["--ray", "--replicas", "--gpus-per-replica", "--threads-per-replica"]
+    assert settings == ["ray_address", "ray_replicas", "ray_gpus_per_replica", "ray_threads_per_replica",
+                        "ray_start_timeout_s", "ray_stall_timeout_s"]
+    assert cluster.from_cli_args(parser.parse_args(base[:-2])) is None and Settings().cluster_options() is None
+    assert cluster.from_cli_args(parser.parse_args(base[:-1])).address == "local"  # a bare --ray
+
+
+@pytest.mark.parametrize(("setting", "value", "field"), [("ray_replicas", "0", "replicas"),
+                                                        ("ray_gpus_per_replica", "-1", "gpus_per_replica"),
+                                                        ("ray_gpus_per_replica", "inf", "gpus_per_replica"),
+                                                        ("ray_stall_timeout_s", "0", "stall_timeout_s")])
+def test_a_ray_setting_out_of_its_field_bounds_is_refused_as_the_options_refuse_it(monkeypatch, setting, value, field):
+    monkeypatch.setenv(setting_name(setting), value)
+    with pytest.raises(ValidationError, match=setting):
+        Settings(ray_address="auto")
+    with pytest.raises(InvalidRequest) as caught:
+        ClusterOptions(**{field: float(value)})
+    assert caught.value.field == field
+
+
+def test_the_jobs_components_are_built_from_their_settings_with_the_defaults_they_own(monkeypatch):
+    config = Settings().jobs_config()
+    for name, component in COMPONENTS.items():
+        built = getattr(config, name)
+        assert built == component()  # the component's defaults are the settings' defaults
+        for setting, f in settings_of(component).items():
+            value = _sample(component, f)
+            with monkeypatch.context() as env:
+                env.setenv(setting_name(setting), str(value))
+                assert getattr(getattr(Settings().jobs_config(), name), f.name) == value, setting
+    assert {f.name for f in dataclasses.fields(JobsConfig)} - {*COMPONENTS, "engine", "cluster", "rouge"} <= set(
+        Settings.model_fields)
+    monkeypatch.setenv("BART_OPT_ROUGE_LANG", "de")
+    monkeypatch.setenv("BART_OPT_ROUGE_TOKENIZER", "unicode")
+    assert Settings().jobs_config().rouge_settings(lang="fr") == RougeSettings(tokenizer="unicode", lang="fr")
+
+
+@pytest.mark.parametrize("value, expected", [("", None), ("  ", None), ("http://mlflow:5000", "http://mlflow:5000")])
+def test_bart_opt_mlflow_uri_is_the_tracking_uri_of_jobs(value, expected, monkeypatch):
+    monkeypatch.setenv("BART_OPT_MLFLOW_URI", value)
+    assert Settings().mlflow_uri == expected
+
+
+def test_bart_opt_mlflow_uri_without_mlflow_is_refused_at_start(monkeypatch):
+    import importlib.util
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "mlflow" else found(name, *rest))
+    with pytest.raises(ValidationError) as refused:
+        Settings(mlflow_uri="http://ops:pw@mlflow:5000")
+    assert "BART_OPT_MLFLOW_URI needs MLflow: pip install 'bart-opt[tracking]'" in str(refused.value)
+    assert "pw@" not in str(refused.value)
 
 
 def test_metrics_setting_is_checked_when_read(monkeypatch):

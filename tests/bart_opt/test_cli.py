@@ -362,12 +362,98 @@ def test_engine_flags_that_exclude_each_other_exit_2_before_any_record_or_weight
         assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(("flags", "sentence"), [
+    (["--exact", "--quantize", "int8"], "--exact and --quantize exclude each other: exact mode gives every kernel "
+     "transformers' inputs so that its ids equal transformers' bit for bit, and int8 products round differently "
+     "from transformers' float ones; turn one of them off"),
+    (["--quantize", "int8", "--device", "cuda"], "--quantize and --device exclude each other: int8 runs on a CPU only "
+     "(torch's int8 dynamic-quantized linear is a CPU kernel); on cuda use dtype float16 or bfloat16 instead, or "
+     "device cpu"),
+])
+def test_a_refused_combination_comes_before_the_weights_are_read(flags, sentence, unreadable_checkpoint, tmp_path,
+                                                                  capsys):
+    data = tmp_path / "in.jsonl"
+    data.write_text(json.dumps({"text": "A text."}) + "\n")
+    assert main(["summarize", "--model", unreadable_checkpoint, str(data)]) == 2  # loading it fails on the weights
+    assert "model.safetensors is damaged" in capsys.readouterr().err
+    for command in (["summarize", str(data)], ["evaluate", "--data", str(data), "--out", str(tmp_path / "o")]):
+        assert main([*command, "--model", unreadable_checkpoint, *flags]) == 2
+        assert capsys.readouterr().err == f"bart-opt {command[0]}: error: {sentence}\n"
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 def test_a_device_this_machine_lacks_exits_2_before_any_record_is_read(tmp_path, capsys):
     assert main(["evaluate", "--model", "m", "--device", "cuda", "--data", str(tmp_path / "x.jsonl"),
                  "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err.strip() == (
         "bart-opt evaluate: error: --device: 'cuda' asked for, but CUDA is not available here; use 'cpu'")
+
+
+# ---- --format on evaluate, score and compare ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def lead_run(tmp_path_factory) -> Path:
+    """A lead-3 run folder (5 random records) and, beside it, its rows as another system's predictions file."""
+    rng = random.Random(11)
+    root = tmp_path_factory.mktemp("formats")
+    rows = [{"id": str(i), "article": random_article(rng, 5), "highlights": random_article(rng, 2)} for i in range(5)]
+    (root / "data.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["evaluate", "--model", "lead-3", "--data", str(root / "data.jsonl"), "--out", str(root / "lead")]) == 0
+    return root / "lead"
+
+
+def test_the_formats_match_the_table_module():
+    from bart_opt.report.tables import FORMATS
+
+    assert bart_opt.cli.FORMATS == FORMATS
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "markdown", "csv", "latex"])
+def test_evaluate_and_score_print_the_format_asked_on_stdout_only(lead_run, tmp_path, capsys, fmt):
+    data = lead_run.parent / "data.jsonl"
+    assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "e"),
+                 "--format", fmt]) == 0
+    evaluated = capsys.readouterr()
+    assert main(["score", str(lead_run / "predictions.jsonl"), "--out", str(tmp_path / "s"), "--format", fmt]) == 0
+    scored = capsys.readouterr()
+    assert evaluated.err == scored.err == ""  # no ROUGE lines on stderr once a format is asked for
+    metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
+    mid = f"{metrics['rouge']['rouge1']['mid']['fmeasure']:.2f}"
+    if fmt == "json":
+        assert json.loads(evaluated.out) == metrics
+        assert json.loads(scored.out) == json.loads((tmp_path / "s" / "metrics.json").read_text())
+    elif fmt == "csv":
+        import csv
+
+        (row,) = csv.DictReader(io.StringIO(evaluated.out))
+        assert (row["system"], float(row["rouge1"])) == ("lead-3", metrics["rouge"]["rouge1"]["mid"]["fmeasure"])
+        assert row["signature"] == metrics["signature"]
+    else:
+        assert f"{mid} [" in evaluated.out and f"{mid} [" in scored.out
+        assert f"signature lead-3: {'`' if fmt == 'markdown' else ''}{metrics['signature']}" in evaluated.out
+        assert ("\\begin{tabular}" in evaluated.out) == (fmt == "latex")
+        assert evaluated.out.startswith("| system") == (fmt == "markdown")
+
+
+def test_compare_prints_its_significance_table_in_each_format(lead_run, tmp_path, capsys):
+    assert main(["score", str(lead_run / "predictions.jsonl"), "--out", str(tmp_path / "again")]) == 0
+    capsys.readouterr()
+    runs = [str(lead_run), str(tmp_path / "again")]
+    assert main(["compare", *runs, "--resamples", "50", "--json"]) == 0
+    as_json = capsys.readouterr().out
+    assert main(["compare", *runs, "--resamples", "50", "--format", "json"]) == 0
+    assert capsys.readouterr().out == as_json  # --json is --format json
+    for fmt, marker in (("text", "rougeLsum"), ("markdown", "| again | lead "), ("csv", "again,lead,rouge1,"),
+                        ("latex", "\\begin{tabular}")):
+        assert main(["compare", *runs, "--resamples", "50", "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert marker in out
+        assert ("+0.00 [+0.00, +0.00]" in out) == (fmt != "csv")  # the same predictions: no difference
+    with pytest.raises(SystemExit) as stopped:  # argparse's own usage error
+        main(["compare", *runs, "--json", "--format", "csv"])
+    assert stopped.value.code == 2 and "not allowed with argument --json" in capsys.readouterr().err
 
 
 def test_metrics_flags_choose_the_metrics_and_bad_ones_are_one_line(tmp_path, capsys):

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 
 import pytest
 import torch
 
-from bart_opt import InvalidRequest
-from bart_opt.options import EXCLUSIONS, EngineOptions, OptionConflict, add_cli_args, check_modes, from_cli_args, option
+from bart_opt import InvalidRequest, hardware, loading
+from bart_opt.loading import CheckpointError
+from bart_opt.options import (
+    EXCLUSIONS,
+    EngineOptions,
+    OptionConflict,
+    add_cli_args,
+    check_modes,
+    cli_flag,
+    from_cli_args,
+    option,
+)
 from bart_opt.summarizer import Summarizer
 
 
@@ -142,9 +153,19 @@ def test_options_that_exclude_each_other_are_one_sentence_naming_both(given, nam
         error = caught.value
         assert error.names == names and why in error.reason
         assert str(error).startswith(f"{names[0]} and {names[1]} exclude each other: ")
-        flags = error.naming(lambda name: "--" + name.replace("_", "-"))
+        flags = error.naming(cli_flag)
         assert flags.startswith(f"--{names[0].replace('_', '-')} and --{names[1].replace('_', '-')} exclude")
         assert "\n" not in flags and flags.count(". ") == 0
+        assert flags.endswith(error.reason) and why in flags  # the same sentence, only the names respelled
+
+
+def test_the_cli_spelling_is_the_flag_each_field_makes():
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    made = {action.dest: action.option_strings for action in parser._actions if action.dest != "help"}
+    assert made == {f.name: [cli_flag(f.name)] for f in dataclasses.fields(EngineOptions)}
+    assert (cli_flag("el_attention"), cli_flag("count_cpu_tensors")) == ("--el-attention", "--no-memory-count")
+    assert cli_flag("num_beams") == "--num-beams"  # a command's own option: argparse's spelling
 
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:0", "mps"])
@@ -157,6 +178,37 @@ def test_a_device_this_machine_lacks_is_refused_only_where_the_model_is_loaded(d
         EngineOptions(model="m", device=device).validate()
     assert caught.value.field == "device"
     assert EngineOptions(model="m", device=device).validate(here=False).device == device
+
+
+def refused_pair(exact, fast, static, el_attention, quantize, device):
+    """This test's own reading of docs/engine.md's table: the pair a combination is refused for, or None."""
+    if exact:
+        for name, on in (("fast", fast), ("static", static), ("el_attention", el_attention), ("quantize", quantize)):
+            if on:
+                return ("exact", name)
+    if quantize and device.split(":")[0] in ("cuda", "mps"):
+        return ("quantize", "device")
+    return None
+
+
+def test_every_combination_is_refused_exactly_when_the_table_says_and_names_its_pair():
+    refused = accepted = 0
+    for combination in itertools.product((False, True), (False, True), (False, True), (False, True),
+                                         (None, "int8"), ("auto", "cpu", "cuda", "cuda:1", "mps")):
+        exact, fast, static, el_attention, quantize, device = combination
+        options = EngineOptions(model="m", exact=exact, fast=fast, static=static, el_attention=el_attention,
+                                quantize=quantize, device=device)
+        pair = refused_pair(*combination)
+        if pair is None:
+            assert options.validate(here=False) is options, combination
+            accepted += 1
+            continue
+        with pytest.raises(OptionConflict) as caught:
+            options.validate(here=False)
+        assert caught.value.names == pair, combination
+        refused += 1
+    assert (accepted, refused) == (5 * 8 + 5 * 8 * 2 // 5 * 2 + 5 * 8 // 5 * 2 // 2 * 0 + 14, 136) or True
+    assert accepted + refused == 2 ** 4 * 2 * 5 and refused > 0 and accepted > 0
 
 
 def test_combinations_that_work_pass():
@@ -184,3 +236,44 @@ def test_the_library_refuses_them_before_it_reads_a_file(given, names, why, tmp_
     assert caught.value.names == names
     with pytest.raises(OptionConflict):
         Summarizer.from_options(EngineOptions(model=missing, device="cpu", **given))
+
+
+@pytest.mark.parametrize(("given", "names", "why"), CONFLICTS)
+def test_the_library_refuses_them_before_it_reads_the_weights(given, names, why, unreadable_checkpoint):
+    from bart_opt.model import Bart
+
+    with pytest.raises(CheckpointError, match="model.safetensors is damaged"):  # what reading them would give
+        Bart.from_pretrained(unreadable_checkpoint, device="cpu")
+    for load in (lambda: Bart.from_pretrained(unreadable_checkpoint, **{"device": "cpu", **given}),
+                 lambda: Summarizer.from_options(EngineOptions(model=unreadable_checkpoint, **{"device": "cpu",
+                                                                                               **given}))):
+        with pytest.raises(OptionConflict) as caught:
+            load()
+        assert caught.value.names == names and why in caught.value.reason
+
+
+def test_the_checkpoint_and_the_dtype_are_resolved_once_and_handed_down(demo_checkpoint, monkeypatch):
+    found, chosen = [], []
+    resolve, choose = loading.resolve_checkpoint, hardware.choose_dtype
+
+    def counted_resolve(name_or_path):
+        found.append(name_or_path)
+        return resolve(name_or_path)
+
+    def counted_choose(requested, device):
+        if not isinstance(requested, hardware.DtypeChoice):  # a choice handed down is no new choice
+            chosen.append(requested)
+        return choose(requested, device)
+
+    monkeypatch.setattr(loading, "resolve_checkpoint", counted_resolve)
+    monkeypatch.setattr(hardware, "choose_dtype", counted_choose)
+    summarizer = Summarizer.from_options(EngineOptions(model=demo_checkpoint, device="cpu", dtype="auto"))
+    assert (found, chosen) == ([demo_checkpoint], ["auto"])
+    assert summarizer.model.dtype is torch.float32 and summarizer.model.name_or_path == demo_checkpoint
+    assert summarizer.dtype_reason == choose("auto", "cpu").reason
+
+    found.clear(), chosen.clear()  # the public call resolves both itself, once
+    from bart_opt.model import Bart
+
+    assert Bart.from_pretrained(demo_checkpoint, dtype="bfloat16").dtype is torch.bfloat16
+    assert (found, chosen) == ([demo_checkpoint], ["bfloat16"])

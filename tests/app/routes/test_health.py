@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from app.jobs.database import PoolLimits
 from bart_opt import Bart, hardware
 
 from tests.app.helpers import FAST, Gate, async_serving, serving, until
@@ -191,10 +192,14 @@ def test_descriptors_return_to_their_baseline_after_bursts_of_concurrent_job_rea
 
         before, _ = outside_the_pool()
         # The pool grows up to its size (sooner or later: a loaded machine overlaps fewer requests at first), so
-        # its connections are counted apart; SQLite keeps a closed connection's descriptor for the next one while
-        # others hold locks on the file (its unix VFS), a bounded few.
-        baseline = max(burst(limit=before + 2 * 15 + 4)[0] for _ in range(3))
-        counts = [burst(limit=baseline + 4) for _ in range(5)]
-    assert max(outside for outside, _ in counts) - baseline <= 4, (before, baseline, counts)  # before the pool: +36 to +44 a burst
-    assert baseline - before <= 2 * 15 + 4, (before, baseline)  # a bounded few: at most another pool's worth
+        # its connections are counted apart. SQLite's unix VFS cannot close a closed connection's descriptor while
+        # other connections hold locks on the file (closing it would drop their POSIX locks): it keeps it for the
+        # next connection. At most one per overflow connection closed while others were busy: `deferred`. A
+        # loaded suite run saw +6, within it; a leak is a descriptor pair per request thread, +36 to +44 a burst,
+        # and grows with every burst.
+        deferred = PoolLimits().overflow
+        baseline = max(burst(limit=before + 2 * 15 + deferred)[0] for _ in range(3))
+        counts = [burst(limit=baseline + deferred) for _ in range(5)]
+    assert max(outside for outside, _ in counts) - baseline <= deferred, (before, baseline, counts)
+    assert baseline - before <= 2 * 15 + deferred, (before, baseline)  # a bounded few: at most another pool's worth
     assert max(pooled for _, pooled in counts) <= 15  # the pool's bound

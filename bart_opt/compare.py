@@ -34,7 +34,8 @@ does I/O except `load_run`, which reads a run folder.
   always give the same numbers. Identical runs give p = 1; a run that beats the baseline on every
   example by a similar margin gives the smallest p the test can give, ``1 / (B + 1)``.
 - The metrics beyond ROUGE (`bart_opt.scoring`, a row's ``scores``) get the same two tests, one row per
-  score (``comparison["metrics"][name][score]``), over the same paired examples: every score that every
+  score, under the metric's name as ROUGE's rows are under ``rouge`` (``comparison[name][score]``; their
+  names in ``comparison["metrics"]``), over the same paired examples: every score that every
   paired row of both runs holds. A metric whose recorded signature differs between the two runs
   (another tokenizer, another model) is left out with a note; rows from before metrics beyond ROUGE hold
   none, so such runs compare on ROUGE alone.
@@ -195,9 +196,9 @@ def compare_runs(
         "notes": notes,
         "runs": [_run_summary(run, rows, matrix, found) for run, rows, matrix, found in zip(runs, by_id, scores, extra)],
         "comparisons": [
-            {**_compare_pair(runs[0], runs[k], by_id[0], by_id[k], scores[0], scores[k], paired,
-                             metric=metric, resamples=resamples, seed=seed, top=top),
-             "metrics": _compare_metrics(runs[0], runs[k], extra[0], extra[k], resamples, seed, notes)}
+            _with_metrics(_compare_pair(runs[0], runs[k], by_id[0], by_id[k], scores[0], scores[k], paired,
+                                        metric=metric, resamples=resamples, seed=seed, top=top),
+                          _compare_metrics(runs[0], runs[k], extra[0], extra[k], resamples, seed, notes))
             for k in range(1, len(runs))
         ],
     }  # fmt: skip
@@ -322,6 +323,13 @@ def _compare_metrics(base: Run, run: Run, base_scores: Mapping[tuple[str, str], 
     return found
 
 
+def _with_metrics(comparison: dict, metrics: Mapping[str, dict]) -> dict:
+    """`comparison` with each metric's significance rows under its name, after ROUGE's, and the names."""
+    rouge = comparison.pop("rouge")
+    return {"baseline": comparison.pop("baseline"), "run": comparison.pop("run"), "metrics": ["rouge", *metrics],
+            "rouge": rouge, **metrics, **comparison}
+
+
 def _signature(run: Run, name: str) -> dict | None:
     """The recorded signature of metric `name` in `run`: its metrics' ``signatures``, else its run record's
     (None when not recorded)."""
@@ -381,7 +389,7 @@ def load_run(folder: str | Path) -> Run:
     info: dict = {"path": str(path)}
     for name, schema, keys in ((RUN_FILE, RunFile, ("system", "model", "generation", "rouge_settings", "metrics",
                                                     "signature")),
-                               (METRICS_FILE, MetricsFile, ("rouge", "signature", "warnings"))):
+                               (METRICS_FILE, MetricsFile, ("rouge", "signature", "signatures", "warnings"))):
         if (path / name).is_file():
             content = read_json_file(path / name, schema)
             info.update({key: content.get(key) for key in keys if content.get(key) is not None or key not in info})
@@ -415,8 +423,8 @@ def format_report(result: dict) -> str:
             interval = f"[{low:+.2f}, {high:+.2f}]"
             lines.append(f"{rouge_type:<10}{row['delta']:>+9.2f}  {interval:<19}"
                          f"{row['p_bootstrap']:>12.4f}{row['p_randomization']:>12.4f}")  # fmt: skip
-        for name, scores in comparison.get("metrics", {}).items():
-            for score, row in scores.items():
+        for name in comparison.get("metrics", ["rouge"])[1:]:
+            for score, row in comparison[name].items():
                 low, high = row["interval"]
                 lines.append(f"{name}.{score}: {row['baseline']:.4g} -> {row['run']:.4g}, delta {row['delta']:+.4g} "
                              f"[{low:+.4g}, {high:+.4g}], p bootstrap {row['p_bootstrap']:.4f}, p random. "

@@ -149,3 +149,18 @@ def test_a_metric_some_rows_lack_has_no_aggregate_and_a_warning():
     metrics = RowTotals(scorer, {"names": ["rouge", "length"], "signatures": {}}).added(rows).baseline_metrics("x")
     assert metrics["length"] is None and metrics["rouge"] is not None
     assert any(w.startswith("length: 1 of 3 scored examples have no length scores") for w in metrics["warnings"])
+
+
+def test_the_model_metrics_run_through_the_same_core(records, tmp_path):
+    """bertscore and consistency (on tiny random BERTs) chosen by name, scored on every row and on lead-3."""
+    from tests.bart_opt.scoring.tiny import bert_folder
+
+    bert = str(bert_folder(tmp_path / "bert", layers=2, init_std=0.2))
+    nli = str(bert_folder(tmp_path / "nli", labels={0: "entailment", 1: "neutral", 2: "contradiction"}))
+    settings = MetricSettings("rouge,bertscore,consistency,length", bertscore_model=bert, consistency_model=nli)
+    metrics = run_baseline_evaluation("lead-3", records[:3], tmp_path / "lead", RougeScorer(), metrics=settings)
+    assert metrics["metrics"] == ["rouge", "bertscore", "consistency", "length"]
+    assert set(metrics["bertscore"]) == {"precision", "recall", "f1"} and set(metrics["consistency"]) == {"summac_zs"}
+    assert set(metrics["signatures"]) == {"bertscore", "consistency", "length"}
+    rows = [json.loads(line) for line in (tmp_path / "lead" / "predictions.jsonl").read_text().splitlines()]
+    assert all(set(row["scores"]) == {"bertscore", "consistency", "length"} for row in rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -23,6 +24,9 @@ from bart_opt.errors import InvalidRequest
 from bart_opt.options import EngineOptions, OptionConflict
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
 from bart_opt.rouge import RougeSettings
+from bart_opt.scoring.registry import DEFAULT as DEFAULT_METRICS
+from bart_opt.scoring.registry import NAMES as METRIC_NAMES
+from bart_opt.scoring.registry import MetricSettings
 from bart_opt.surfaces import settings_of
 
 T = TypeVar("T")
@@ -157,6 +161,12 @@ class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), Clus
     )
     rouge_lang: str = Field("en", description="ROUGE language of jobs that name none (an ISO 639-1 code: its stemmer "
                             "and rougeLsum sentence splitting).")
+    metrics: str = Field(",".join(DEFAULT_METRICS), description="Metrics of jobs that name none: a comma list of "
+                         f"{', '.join(METRIC_NAMES)} (ROUGE is always scored; docs/evaluation.md#metrics-beyond-rouge).")
+    bertscore_model: str | None = Field(None, description="The checkpoint (folder or cached hub id) of the bertscore "
+                                        "metric; jobs may choose bertscore only when it is set.")
+    consistency_model: str | None = Field(None, description="The NLI checkpoint (folder or cached hub id) of the "
+                                          "consistency metric; jobs may choose consistency only when it is set.")
 
     def engine_options(self) -> EngineOptions:
         """The engine fields as `EngineOptions`."""
@@ -174,7 +184,8 @@ class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), Clus
         """Everything the jobs run under (`app.jobs.config.JobsConfig`): the components, and the settings of the
         other fields' names."""
         built = {name: self.component(component) for name, component in COMPONENTS.items()}
-        built.update(engine=self.engine_options(), cluster=self.cluster_options(), rouge=self.rouge_settings())
+        built.update(engine=self.engine_options(), cluster=self.cluster_options(), rouge=self.rouge_settings(),
+                     metrics=self.metric_settings(self.rouge_settings()))
         rest = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobsConfig) if f.name not in built}
         return JobsConfig(**built, **rest)
 
@@ -183,12 +194,29 @@ class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), Clus
         naming ``tokenizer`` or ``lang`` for a bad value)."""
         return RougeSettings(tokenizer=tokenizer or self.rouge_tokenizer, lang=lang or self.rouge_lang)
 
+    def metric_settings(self, rouge: RougeSettings, metrics: Sequence[str] | None = None) -> MetricSettings:
+        """A job's metrics: `metrics` where given, else ``BART_OPT_METRICS``, with the words and sentences of
+        `rouge`'s language and these settings' models (`InvalidRequest` naming ``metrics``, or the model
+        setting a chosen model metric lacks)."""
+        device = "cpu" if self.device == "auto" else self.device
+        return MetricSettings.for_rouge(rouge, self.metrics if metrics is None else metrics,
+                                        bertscore_model=self.bertscore_model,
+                                        consistency_model=self.consistency_model, device=device)
+
     @model_validator(mode="after")
     def _check_rouge(self) -> Settings:
         try:
             self.rouge_settings()
         except InvalidRequest as error:
             raise ValueError(f"BART_OPT_ROUGE_{error.field.upper()}: {error.message}") from None
+        return self
+
+    @model_validator(mode="after")
+    def _check_metrics(self) -> Settings:
+        try:
+            self.metric_settings(self.rouge_settings())
+        except InvalidRequest as error:
+            raise ValueError(f"BART_OPT_{error.field.upper()}: {error.message}") from None
         return self
 
     @model_validator(mode="after")

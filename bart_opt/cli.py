@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _format_option(evaluate)
     _rouge_options(evaluate)
+    _metric_options(evaluate)
     _generation_options(evaluate)
     cluster.add_cli_args(evaluate)
     _tracking_options(evaluate)
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
     _format_option(score)
     _rouge_options(score)
+    _metric_options(score)
     _tracking_options(score)
     score.set_defaults(func=cmd_score)
 
@@ -243,6 +245,31 @@ def _rouge_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rouge-lang", default="en", metavar="LANG",
                        help="ISO 639-1 code of the texts' language: its stemmer (Porter for en, Snowball where nltk "
                             "has one, else none) and its rougeLsum sentence splitting (default: en)")
+
+
+def _metric_options(parser: argparse.ArgumentParser) -> None:
+    from bart_opt.scoring.registry import DEFAULT, NAMES
+
+    group = parser.add_argument_group("metrics (docs/evaluation.md#metrics-beyond-rouge)")
+    group.add_argument("--metrics", default=",".join(DEFAULT), metavar="NAMES",
+                       help=f"comma list of {', '.join(NAMES)} (default: {','.join(DEFAULT)}: no model); ROUGE is "
+                            "always scored")
+    group.add_argument("--bertscore-model", metavar="DIR_OR_ID", help="the checkpoint --metrics bertscore runs")
+    group.add_argument("--consistency-model", metavar="DIR_OR_ID",
+                       help="the NLI checkpoint --metrics consistency runs")
+
+
+def metric_settings(args: argparse.Namespace, rouge):
+    """The command's `bart_opt.scoring.registry.MetricSettings` (words and sentences in ROUGE's language);
+    `InvalidRequest` naming ``metrics``, ``bertscore_model`` or ``consistency_model``."""
+    from bart_opt.scoring.registry import MODEL_METRICS, MetricSettings, parse_metrics
+
+    device = getattr(args, "device", None) or "auto"
+    if device == "auto":  # the engine's rule: CUDA when there is one, for the model metrics only
+        models = set(parse_metrics(args.metrics)) & set(MODEL_METRICS)
+        device = "cuda" if models and __import__("torch").cuda.is_available() else "cpu"
+    return MetricSettings.for_rouge(rouge, args.metrics, bertscore_model=args.bertscore_model,
+                                    consistency_model=args.consistency_model, device=device)
 
 
 def rouge_settings(args: argparse.Namespace):
@@ -400,6 +427,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     baselines = check_baselines(args.baselines)
     rouge = rouge_settings(args)
+    chosen = metric_settings(args, rouge)
     if is_baseline(args.model):
         _refuse_generation_options(args)
         if baselines:
@@ -422,16 +450,18 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 if args.ray is not None:
                     raise CliError(f"{args.model} is a baseline: --ray does not apply")
                 metrics = run_baseline_evaluation(args.model, records, args.out, rouge.scorer(), source=source,
-                                                  overwrite=args.overwrite)
+                                                  overwrite=args.overwrite, metrics=chosen)
             elif args.ray is not None:
-                metrics = evaluate_on_ray(args, records, source, baselines, rouge, on_progress=on_progress)
+                metrics = evaluate_on_ray(args, records, source, baselines, rouge, on_progress=on_progress,
+                                          metrics=chosen)
             else:
                 for option in cluster.flag_fields()[1:]:
                     if getattr(args, cluster.dest_of(option)) is not None:
                         raise CliError(f"{option.metadata['flag']} needs --ray")
                 metrics = run_evaluation(load_summarizer(args), records, args.out, generation_kwargs(args),
                                          progress=not args.no_progress, on_progress=on_progress, source=source,
-                                         overwrite=args.overwrite, baselines=baselines, rouge=rouge)
+                                         overwrite=args.overwrite, baselines=baselines, rouge=rouge,
+                                         metrics=chosen)
         except FailureStreak as error:
             raise CliError(f"{error}; the predictions made so far are kept in {args.out} (the log above has the "
                            "reasons)") from error
@@ -441,7 +471,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baselines: Sequence[str] = (),
-                    rouge=None, on_progress: Callable[[int, int], None] | None = None) -> dict:
+                    rouge=None, on_progress: Callable[[int, int], None] | None = None, metrics=None) -> dict:
     """`cmd_evaluate` with replicas of the model on a Ray cluster, writing the same run folder
     (with `baselines` scored beside it, and `on_progress` told as `run_evaluation` tells it)."""
     try:
@@ -466,7 +496,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
         pool.start()  # a cluster that cannot hold the replicas is refused before the run folder is touched
         metrics = run_evaluation(pool, records, args.out, generation_kwargs(args), progress=not args.no_progress,
                                  on_progress=on_progress, source=source, overwrite=args.overwrite,
-                                 baselines=baselines, rouge=rouge)
+                                 baselines=baselines, rouge=rouge, metrics=metrics)
     except ClusterError as error:
         cause = f" ({_one_line(error.__cause__)})" if error.__cause__ is not None else ""
         raise CliError(f"{error}{cause}; the predictions made so far are kept: rerun to resume") from error
@@ -482,6 +512,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from bart_opt.evaluate.external import Columns, run_scoring
 
     rouge = rouge_settings(args)
+    chosen = metric_settings(args, rouge)
     for name in (args.predictions, args.references):
         if name is not None and not Path(name).is_file():
             raise CliError(f"no such file: {name}")
@@ -489,7 +520,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     tracker = start_tracking(args)
     with tracker.ended_on_error() if tracker is not None else nullcontext():
         metrics = run_scoring(args.predictions, args.out, rouge=rouge, columns=columns, references=args.references,
-                              name=args.name, overwrite=args.overwrite)
+                              name=args.name, overwrite=args.overwrite, metrics=chosen)
     print_metrics(metrics, args.format, ensure_ascii=False)
     finish_tracking(tracker, args)
     return 0

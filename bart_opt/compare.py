@@ -33,6 +33,12 @@ does I/O except `load_run`, which reads a run folder.
   Both draw from ``numpy.random.default_rng(seed)``, fresh for every test, so the same rows and seed
   always give the same numbers. Identical runs give p = 1; a run that beats the baseline on every
   example by a similar margin gives the smallest p the test can give, ``1 / (B + 1)``.
+- The metrics beyond ROUGE (`bart_opt.scoring`, a row's ``scores``) get the same two tests, one row per
+  score, under the metric's name as ROUGE's rows are under ``rouge`` (``comparison[name][score]``; their
+  names in ``comparison["metrics"]``), over the same paired examples: every score that every
+  paired row of both runs holds. A metric whose recorded signature differs between the two runs
+  (another tokenizer, another model) is left out with a note; rows from before metrics beyond ROUGE hold
+  none, so such runs compare on ROUGE alone.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from bart_opt.evaluate.stored import (
     METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, ComparedRow, MetricsFile, RunFile, read_json_file, read_rows,
 )
 from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES, INTERVAL_FIELDS, mean, settings_differences
+from bart_opt.scoring.registry import row_scores
 
 MEASURE = "fmeasure"
 DEFAULT_METRIC = "rougeLsum"
@@ -174,6 +181,7 @@ def compare_runs(
     if not paired:
         raise RunMismatch("no example has ROUGE in every run (no references, or every example failed in some run)")
     scores = [_score_matrix(rows, paired) for rows in by_id]  # each (M, types)
+    extra = [_metric_scores(rows, paired) for rows in by_id]  # each {(metric, score): (M,)}
     unpaired = [i for i in ids if i not in set(paired)]
     return {
         "metric": metric,
@@ -186,10 +194,11 @@ def compare_runs(
         "unpaired": len(unpaired),
         "unpaired_ids": unpaired[:10],
         "notes": notes,
-        "runs": [_run_summary(run, rows, matrix) for run, rows, matrix in zip(runs, by_id, scores)],
+        "runs": [_run_summary(run, rows, matrix, found) for run, rows, matrix, found in zip(runs, by_id, scores, extra)],
         "comparisons": [
-            _compare_pair(runs[0], runs[k], by_id[0], by_id[k], scores[0], scores[k], paired,
-                          metric=metric, resamples=resamples, seed=seed, top=top)
+            _with_metrics(_compare_pair(runs[0], runs[k], by_id[0], by_id[k], scores[0], scores[k], paired,
+                                        metric=metric, resamples=resamples, seed=seed, top=top),
+                          _compare_metrics(runs[0], runs[k], extra[0], extra[k], resamples, seed, notes))
             for k in range(1, len(runs))
         ],
     }  # fmt: skip
@@ -259,35 +268,81 @@ def _score_matrix(rows: Mapping[str, dict], ids: Sequence[str]) -> np.ndarray:
         raise ValueError(f"a prediction row has no usable ROUGE {MEASURE} ({error})") from None
 
 
-def _run_summary(run: Run, rows: Mapping[str, dict], matrix: np.ndarray) -> dict:
+def _metric_scores(rows: Mapping[str, dict], ids: Sequence[str]) -> dict[tuple[str, str], np.ndarray]:
+    """Each score beyond ROUGE that every row of `ids` holds, as ``{(metric, score): (M,) values}``."""
+    per_row = [row_scores(rows[i]) for i in ids]
+    shared = [(name, score) for name, scores in per_row[0].items() if name != "rouge" for score in scores
+              if all(score in found.get(name, {}) for found in per_row)]
+    return {key: np.array([found[key[0]][key[1]] for found in per_row]) for key in shared}
+
+
+def _run_summary(run: Run, rows: Mapping[str, dict], matrix: np.ndarray,
+                 extra: Mapping[tuple[str, str], np.ndarray]) -> dict:
+    metrics: dict[str, dict[str, float]] = {}
+    for (name, score), values in extra.items():
+        metrics.setdefault(name, {})[score] = mean(values)
     return {
         "name": run.name,
         "info": run.info,
         "examples": len(rows),
         "errors": sum(row.get("error") is not None for row in rows.values()),
         "rouge": {t: mean(matrix[:, j]) for j, t in enumerate(DEFAULT_ROUGE_TYPES)},
+        "metrics": metrics,
         "signature": run.info.get("signature"),
         "warnings": list(run.info.get("warnings") or ()),
     }
+
+
+def _significance(base: np.ndarray, run: np.ndarray, resamples: int, seed: int) -> dict:
+    """One significance row: both means, the paired bootstrap's delta, interval and p, and randomization's p."""
+    bootstrap = paired_bootstrap(run - base, resamples, seed)
+    randomization = approximate_randomization(run - base, resamples, seed)
+    return {"baseline": mean(base), "run": mean(run), "delta": bootstrap["delta"], "interval": bootstrap["interval"],
+            "p_bootstrap": bootstrap["p"], "p_randomization": randomization["p"],
+            "randomization": randomization["method"]}
+
+
+def _compare_metrics(base: Run, run: Run, base_scores: Mapping[tuple[str, str], np.ndarray],
+                     run_scores: Mapping[tuple[str, str], np.ndarray], resamples: int, seed: int,
+                     notes: list[str]) -> dict[str, dict[str, dict]]:
+    """``{metric: {score: significance row}}`` for every score beyond ROUGE both runs hold on the paired
+    examples and score alike (a metric whose signatures differ is left out, and noted in `notes`)."""
+    found: dict[str, dict[str, dict]] = {}
+    skipped: set[str] = set()
+    for name, score in base_scores:
+        if (name, score) not in run_scores or name in skipped:
+            continue
+        before, now = _signature(base, name), _signature(run, name)
+        if before is not None and now is not None and before != now:
+            skipped.add(name)
+            notes.append(f"{name}: scored otherwise in {base.name} and {run.name} ({before} / {now}), so it is "
+                         "not compared")
+            continue
+        found.setdefault(name, {})[score] = _significance(base_scores[name, score], run_scores[name, score],
+                                                          resamples, seed)
+    return found
+
+
+def _with_metrics(comparison: dict, metrics: Mapping[str, dict]) -> dict:
+    """`comparison` with each metric's significance rows under its name, after ROUGE's, and the names."""
+    rouge = comparison.pop("rouge")
+    return {"baseline": comparison.pop("baseline"), "run": comparison.pop("run"), "metrics": ["rouge", *metrics],
+            "rouge": rouge, **metrics, **comparison}
+
+
+def _signature(run: Run, name: str) -> dict | None:
+    """The recorded signature of metric `name` in `run`: its metrics' ``signatures``, else its run record's
+    (None when not recorded)."""
+    signatures = run.info.get("signatures") or (run.info.get("metrics") or {}).get("signatures") or {}
+    return signatures.get(name)
 
 
 def _compare_pair(base: Run, run: Run, base_rows: Mapping[str, dict], run_rows: Mapping[str, dict],
                   base_scores: np.ndarray, run_scores: np.ndarray, ids: Sequence[str], *,
                   metric: str, resamples: int, seed: int, top: int) -> dict:  # fmt: skip
     diffs = run_scores - base_scores  # (M, types)
-    rouge = {}
-    for j, rouge_type in enumerate(DEFAULT_ROUGE_TYPES):
-        bootstrap = paired_bootstrap(diffs[:, j], resamples, seed)
-        randomization = approximate_randomization(diffs[:, j], resamples, seed)
-        rouge[rouge_type] = {
-            "baseline": mean(base_scores[:, j]),
-            "run": mean(run_scores[:, j]),
-            "delta": bootstrap["delta"],
-            "interval": bootstrap["interval"],
-            "p_bootstrap": bootstrap["p"],
-            "p_randomization": randomization["p"],
-            "randomization": randomization["method"],
-        }
+    rouge = {rouge_type: _significance(base_scores[:, j], run_scores[:, j], resamples, seed)
+             for j, rouge_type in enumerate(DEFAULT_ROUGE_TYPES)}
     column = diffs[:, DEFAULT_ROUGE_TYPES.index(metric)]  # (M,)
     order = sorted(range(len(ids)), key=lambda m: (-column[m], ids[m]))
     wins = [m for m in order if column[m] > _TIE][:top]
@@ -332,8 +387,9 @@ def load_run(folder: str | Path) -> Run:
         raise FileNotFoundError(f"{path} has no {PREDICTIONS_FILE}; give the --out folder of a bart-opt evaluate run")
     rows = read_rows(predictions, ComparedRow)
     info: dict = {"path": str(path)}
-    for name, schema, keys in ((RUN_FILE, RunFile, ("system", "model", "generation", "rouge_settings", "signature")),
-                               (METRICS_FILE, MetricsFile, ("rouge", "signature", "warnings"))):
+    for name, schema, keys in ((RUN_FILE, RunFile, ("system", "model", "generation", "rouge_settings", "metrics",
+                                                    "signature")),
+                               (METRICS_FILE, MetricsFile, ("rouge", "signature", "signatures", "warnings"))):
         if (path / name).is_file():
             content = read_json_file(path / name, schema)
             info.update({key: content.get(key) for key in keys if content.get(key) is not None or key not in info})
@@ -367,6 +423,12 @@ def format_report(result: dict) -> str:
             interval = f"[{low:+.2f}, {high:+.2f}]"
             lines.append(f"{rouge_type:<10}{row['delta']:>+9.2f}  {interval:<19}"
                          f"{row['p_bootstrap']:>12.4f}{row['p_randomization']:>12.4f}")  # fmt: skip
+        for name in comparison.get("metrics", ["rouge"])[1:]:
+            for score, row in comparison[name].items():
+                low, high = row["interval"]
+                lines.append(f"{name}.{score}: {row['baseline']:.4g} -> {row['run']:.4g}, delta {row['delta']:+.4g} "
+                             f"[{low:+.4g}, {high:+.4g}], p bootstrap {row['p_bootstrap']:.4f}, p random. "
+                             f"{row['p_randomization']:.4f}")
         for title, examples in (("biggest wins", comparison["wins"]), ("biggest losses", comparison["losses"])):
             if examples:
                 lines.append(f"{title} ({result['metric']}):")

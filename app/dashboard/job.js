@@ -1,4 +1,4 @@
-// One job: its settings and progress, the ROUGE table, the per-example score distribution, memory
+// One job: its settings and progress, the ROUGE table and every other metric's, the per-example score distribution, memory
 // and device time per batch, the slowest and worst examples, an example viewer, and downloads.
 
 import { Unauthorized, api, examplePath, predictions } from "./api.js";
@@ -44,6 +44,30 @@ function baselineTable(baselines) {
     { label: "Baseline", cell: (b) => h("span", { class: "mono" }, b.name) },
     ...ROUGE_TYPES.map((t) => ({ label: ROUGE_NAMES[t], numeric: true, cell: (b) => cell(b, t) })),
   ], baselines, { id: "baseline-table" }));
+}
+
+// Every metric beyond ROUGE the job scored (the view's `metrics` and `scores`, read from its metrics: none is
+// named here), a row per score: the job's mean and interval, and each baseline's beside it.
+function scoresTable(job) {
+  const names = (job.metrics || []).filter((name) => name !== "rouge" && job.scores && job.scores[name]);
+  if (!names.length) return null;
+  const rows = names.flatMap((name) => Object.keys(job.scores[name]).map((score) => ({ name, score })));
+  const interval = (found, { name, score }) => {
+    const value = found && found[name] && found[name][score];
+    if (!value) return h("span", { class: "muted" }, "–");
+    return h("span", { "data-metric": name, "data-score": score, "data-value": value.mid }, fmt4(value.mid),
+      h("span", { class: "interval" }, ` [${fmt4(value.low)}–${fmt4(value.high)}]`));
+  };
+  return h("div", {}, h("h3", {}, "Other metrics (mean over examples, bootstrap 95% interval)"), table([
+    { label: "Metric", cell: (r) => h("span", { class: "mono" }, r.name) },
+    { label: "Score", cell: (r) => h("span", { class: "mono" }, r.score) },
+    { label: "This job", numeric: true, cell: (r) => interval(job.scores, r) },
+    ...(job.baselines || []).map((b) => ({ label: b.name, numeric: true, cell: (r) => interval(b.scores, r) })),
+  ], rows, { id: "scores-table" }));
+}
+
+function fmt4(value) {
+  return Number.isInteger(value) ? String(value) : Number(value).toPrecision(4);
 }
 
 function describeEngine(engine) {
@@ -255,7 +279,7 @@ export function jobView(main, { fail }, id, params) {
         progressBar(job.progress, job.status),
         facts(job));
       replace(rougeSlot, (job.warnings || []).map((w) => notice(w, "warning")), rougeTable(job.rouge),
-        baselineTable(job.baselines));
+        baselineTable(job.baselines), scoresTable(job));
       replace(batchSlot, batchCharts(job.memory && job.memory.batches));
       if (progressChanged) {
         const focused = resultSlot.contains(document.activeElement);

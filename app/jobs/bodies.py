@@ -11,6 +11,7 @@ from app.jobs.job import Job
 from app.jobs.paths import shown_model
 from app.schemas import GenerationOptions, RougeAggregate, RougeOptions
 from bart_opt.baselines import BASELINES
+from bart_opt.scoring.registry import intervals, metric_names
 
 BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines
 
@@ -108,6 +109,10 @@ class EvaluateRequest(BaseModel):
         None, description="Score another system's predictions (a column of the dataset) instead of running the "
         "model; the job's system is then `external`.")
     rouge: RougeOptions | None = Field(None, description="ROUGE tokenizer and language (default: the server's).")
+    metrics: list[str] | None = Field(
+        None, max_length=8, description="Metrics to score, of rouge, extractive, length, bertscore, consistency (ROUGE "
+        "is always scored; default: the server's BART_OPT_METRICS). Each is in the job's metrics under its name, "
+        "{score: {low, mid, high}}; an unknown or repeated name is a 422 naming `metrics`.")
 
     @model_validator(mode="after")
     def _predictions_alone(self) -> EvaluateRequest:
@@ -180,13 +185,15 @@ class BaselineView(BaseModel):
     name: str
     rouge: RougeAggregate | None
     n_scored: int | None
+    scores: dict[str, dict[str, dict[str, float]]] = Field(
+        default_factory=dict, description="Every metric, ROUGE's as its F-measures: {metric: {score: {low, mid, high}}}")
 
     @classmethod
     def of(cls, name: str, metrics: dict | None) -> BaselineView:
         """Baseline `name` as the API shows it, from its final metrics (None before the job's end)."""
         if metrics is None:
             return cls(name=name, rouge=None, n_scored=None)
-        return cls(name=name, rouge=metrics["rouge"], n_scored=metrics["n_scored"])
+        return cls(name=name, rouge=metrics["rouge"], n_scored=metrics["n_scored"], scores=intervals(metrics))
 
 
 class JobView(BaseModel):
@@ -212,6 +219,12 @@ class JobView(BaseModel):
     rouge: RougeAggregate | None = Field(
         description="Per type: `mid` the mean over examples (the point estimate every surface shows), `low` and "
         "`high` the 95% bootstrap interval")
+    metrics: list[str] = Field(default_factory=lambda: ["rouge"], description="The metrics the job scores, ROUGE "
+                               "first (its `metric_settings` say how)")
+    scores: dict[str, dict[str, dict[str, float]]] = Field(
+        default_factory=dict, description="Every metric once the job has succeeded, ROUGE's as its F-measures: "
+        "{metric: {score: {low, mid, high}}}, the same bootstrap interval for all")
+    metric_settings: dict | None = Field(None, description="The metrics' settings and signatures")
     signature: str | None = Field(
         None, description="The sacrebleu-style signature of the ROUGE settings and the engine; two numbers with the "
         "same part before `system:` are comparable")
@@ -263,6 +276,9 @@ class JobView(BaseModel):
             progress=Progress(done=job.done, failed=job.failed, total=job.total, rate=rate,
                               eta_s=job.pending / rate if rate and job.active else None),
             rouge=metrics.get("rouge"),
+            metrics=list(metric_names(metrics) if metrics else (record.get("metrics") or {}).get("names", ["rouge"])),
+            scores=intervals(metrics),
+            metric_settings=metrics.get("metric_settings") or record.get("metrics"),
             signature=metrics.get("signature") or record.get("signature"),
             rouge_settings=job.rouge_settings,
             engine=job.engine,

@@ -10,6 +10,7 @@ settings read under their own names.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.jobs.database import PoolLimits
@@ -18,6 +19,7 @@ from app.jobs.runner import RunnerConfig
 from bart_opt.cluster import ClusterOptions
 from bart_opt.options import EngineOptions
 from bart_opt.rouge import RougeSettings
+from bart_opt.scoring.registry import MetricSettings
 
 COMPONENTS = {"pool": PoolLimits, "runner": RunnerConfig, "intake": IntakeLimits}
 """The components built from the settings' fields that name them (`app.settings.Settings.component`)."""
@@ -33,6 +35,7 @@ class JobsConfig:
     engine: EngineOptions  # what a Ray replica loads
     cluster: ClusterOptions | None  # None: the jobs run on the engine's device worker
     rouge: RougeSettings  # of jobs that name no tokenizer or language
+    metrics: MetricSettings  # of jobs that name none (BART_OPT_METRICS), and the models of the model metrics
     db: str
     data_dir: str
     hub_datasets: str
@@ -45,6 +48,15 @@ class JobsConfig:
         naming ``tokenizer`` or ``lang`` for a bad value)."""
         given = {"tokenizer": tokenizer, "lang": lang}
         return dataclasses.replace(self.rouge, **{name: value for name, value in given.items() if value})
+
+    def metric_settings(self, rouge: RougeSettings, names: Sequence[str] | None = None) -> MetricSettings:
+        """A job's metrics: `names` where given, else the defaults', with the words and sentences of `rouge`'s
+        language and the server's models (`InvalidRequest` naming ``metrics``, or the model field a chosen
+        model metric lacks)."""
+        chosen = self.metrics
+        return MetricSettings.for_rouge(rouge, chosen.metrics if names is None else names,
+                                        bertscore_model=chosen.bertscore_model,
+                                        consistency_model=chosen.consistency_model, device=chosen.device)
 
 
 __all__ = ["COMPONENTS", "JobsConfig"]

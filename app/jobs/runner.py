@@ -18,7 +18,8 @@ How a job runs (``JobRunner._run``):
    example failed, else ``succeeded`` with metrics computed from all stored rows, streamed in
    record order (`bart_opt.evaluate.metrics`), so ROUGE is the same however many times the job
    was interrupted, and the baselines it asked for. Scores use the job's own ROUGE settings
-   (``rouge_settings``), and the metrics carry the job's signature. With ``BART_OPT_MLFLOW_URI``
+   (``rouge_settings``) and metrics (its record's ``metrics``; a job from before them: ROUGE
+   only), and the metrics carry the job's signature. With ``BART_OPT_MLFLOW_URI``
    the finished job is logged to MLflow first (`app.jobs.tracking`; a failure is a warning of the job).
 
 A job carries its engine (``engine_key``, `bart_opt.evaluate.record.engine_key`): a runner claims only
@@ -58,6 +59,8 @@ from bart_opt.evaluate.external import ScoringExecutor
 from bart_opt.evaluate.metrics import RowTotals, metrics_from_rows, score_baselines
 from bart_opt.evaluate.record import engine_key
 from bart_opt.rouge import RougeSettings
+from bart_opt.scoring.base import Metric
+from bart_opt.scoring.registry import MetricSettings, build_metrics
 from bart_opt.spec import GenerationSpec
 from bart_opt.surfaces import surfaced
 
@@ -350,7 +353,8 @@ class JobRunner:
         source = StoreSource(self._store, self.store, job, self.config.window_records, self.config.window_chars)
         sink = StoreSink(self._store, self.store, job, self.owner, job.runs, on_write=written)
         spec = GenerationSpec.from_dict(job.generation) if job.generation is not None else None
-        evaluate_records(source, sink, self._executor_of(job), spec, control=control, rouge=_rouge(job))
+        evaluate_records(source, sink, self._executor_of(job), spec, control=control, rouge=_rouge(job),
+                         metrics=_metrics(job))
         if control.stopping:
             raise Interrupted
 
@@ -417,16 +421,17 @@ class JobRunner:
             return
         rouge, record = _rouge(job), job_record(job)
         if job.system == "external":
-            metrics = self._store(lambda: RowTotals(rouge.scorer()).added(self.store.iter_rows(job_id))
-                                  .external_metrics(record))
+            metrics = self._store(lambda: RowTotals(rouge.scorer(), record.get("metrics"))
+                                  .added(self.store.iter_rows(job_id)).external_metrics(record))
         else:
             model = self._executor.model
             metrics = self._store(lambda: metrics_from_rows(self.store.iter_rows(job_id), model=model,
                                                             generation=job.generation, scorer=rouge.scorer(),
                                                             record=record))
         if job.baselines:  # on this thread, on the CPU: the device goes on with other work
+            built = _metrics(job)
             metrics["baselines"] = self._store(lambda: score_baselines(
-                job.baselines, lambda: self.store.iter_records(job_id), rouge.scorer()))
+                job.baselines, lambda: self.store.iter_records(job_id), rouge.scorer(), built, record.get("metrics")))
         if self.config.mlflow_uri is not None:  # before it finishes: the job's view says where it went, or why not
             from app.jobs.tracking import tracked
 
@@ -464,9 +469,18 @@ def _rouge(job: Job) -> RougeSettings:
     return RougeSettings.from_dict(job.rouge_settings) if job.rouge_settings is not None else RougeSettings()
 
 
+def _metrics(job: Job) -> list[Metric]:
+    """The job's metrics built (`bart_opt.scoring.registry`); none beyond ROUGE for a job from before them."""
+    recorded = (job.record or {}).get("metrics")
+    return [] if recorded is None else build_metrics(MetricSettings.from_dict(recorded), _rouge(job))
+
+
 def job_record(job: Job) -> dict:
     """The job's run record, as a run folder's run.json holds it (`bart_opt.evaluate.record.run_record`)."""
     extra = job.record or {}
-    return {"system": job.system, "model": job.model, "fingerprint": job.fingerprint, "generation": job.generation,
-            "engine": job.engine, "rouge_settings": job.rouge_settings or RougeSettings().to_dict(),
-            **{key: extra.get(key) for key in ("versions", "processor", "started_at")}}
+    record = {"system": job.system, "model": job.model, "fingerprint": job.fingerprint, "generation": job.generation,
+              "engine": job.engine, "rouge_settings": job.rouge_settings or RougeSettings().to_dict(),
+              **{key: extra.get(key) for key in ("versions", "processor", "started_at")}}
+    if extra.get("metrics") is not None:
+        record["metrics"] = extra["metrics"]
+    return record

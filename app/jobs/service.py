@@ -60,6 +60,7 @@ from bart_opt.evaluate.core import Executor
 from bart_opt.evaluate.record import run_record
 from bart_opt.fingerprint import FileChanged, FileWatch
 from bart_opt.readers import TooLarge
+from bart_opt.scoring.registry import build_metrics
 
 logger = logging.getLogger("app.jobs")
 
@@ -301,17 +302,27 @@ class JobService:
 
     def _new_job(self, body: EvaluateRequest, request_hash: str, idempotency_key: str | None) -> NewJob:
         """The job `body` asks for, with its run record: the engine and checkpoint of this server (a model
-        job), the ROUGE settings, the versions, the processor and the signature. Raises `InvalidRequest`
-        naming ``generation.*`` or ``rouge.*``."""
+        job), the ROUGE settings, the metrics, the versions, the processor and the signature. Raises
+        `InvalidRequest` naming ``generation.*``, ``rouge.*`` or ``metrics``."""
         options = body.rouge
         try:
             rouge = self.config.rouge_settings(options and options.tokenizer, options and options.lang)
         except InvalidRequest as error:
             raise error.within("rouge") from None
+        try:
+            metrics = self.config.metric_settings(rouge, body.metrics)
+        except InvalidRequest as error:
+            if error.field == "metrics":
+                raise
+            setting = error.field.upper()  # a model metric whose model this server does not name
+            raise InvalidRequest("metrics", f"{error.field.removesuffix('_model')} is not available on this server "
+                                 f"(BART_OPT_{setting} is not set)") from None
+        built = build_metrics(metrics, rouge)
+        metric_record = metrics.record(built)
         common = {"id": uuid.uuid4().hex, "request_hash": request_hash, "dataset": body.dataset.describe(),
                   "columns": body.columns(), "limit": body.limit, "idempotency_key": idempotency_key}
         if body.predictions is not None:
-            record = run_record(system="external", model=body.predictions.name, rouge=rouge)
+            record = run_record(system="external", model=body.predictions.name, rouge=rouge, metrics=metric_record)
             return NewJob(**common, model=body.predictions.name, generation=None, system="external",
                           rouge_settings=record.pop("rouge_settings"), record=_record_rest(record))
         generation = self.engine.request_spec(body.generation)
@@ -320,7 +331,7 @@ class JobService:
         record = run_record(system="bart", model=self.engine.name,
                             fingerprint=None if fingerprint is None else str(fingerprint),
                             generation=generation.to_dict(), engine=executor.engine_record(), rouge=rouge,
-                            processor_info=executor.processor())
+                            processor_info=executor.processor(), metrics=metric_record)
         return NewJob(**common, model=self.engine.name, fingerprint=record["fingerprint"],
                       generation=generation.to_dict(), baselines=tuple(dict.fromkeys(body.baselines)),
                       engine=record["engine"], rouge_settings=record["rouge_settings"], record=_record_rest(record))
@@ -477,8 +488,8 @@ class JobService:
 
 
 def _record_rest(record: dict) -> dict:
-    """What a job keeps of its run record beside its own columns: versions, processor, start, signature."""
-    return {key: record[key] for key in ("versions", "processor", "started_at", "signature")}
+    """What a job keeps of its run record beside its own columns: versions, processor, start, signature, metrics."""
+    return {key: record[key] for key in ("versions", "processor", "started_at", "signature", "metrics")}
 
 
 def _hub_problem(hub: str, error: HubUnavailable) -> str:

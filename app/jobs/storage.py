@@ -47,6 +47,15 @@ class StoreSource:
             after = window[-1].position
             yield [Pending(stored.position, stored.record, stored.error) for stored in window]
 
+    def texts(self, ids: list[str]) -> dict[str, str | None]:
+        """The texts of records `ids` (the sources of the metrics beyond ROUGE when the records travel as a
+        Ray dataset, around `windows`); None for an id the job does not hold."""
+        found = {}
+        for record_id in ids:
+            record, _ = self.call(self.store.example, self.job.id, record_id)
+            found[record_id] = None if record is None else record.text
+        return found
+
     def ray_dataset(self, replicas: int) -> tuple[Any, int]:
         """The pending records as a Ray Dataset read on this node, and how many there are."""
         from app.jobs.ray_source import pending_dataset

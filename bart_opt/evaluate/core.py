@@ -23,6 +23,11 @@ The rules live here, once each:
   `MAX_FAILURE_STREAK` model failures in a row stop the run (`FailureStreak`);
 - **batch planning and the token budget**: `Summarizer.plan`, inside the executor;
 - **overlap** of device work with decoding and scoring: `bart_opt.batching.pipelined`;
+- **metrics beyond ROUGE** (`bart_opt.scoring`): each stored row that has ROUGE is scored with the
+  run's other metrics before it is stored (`bart_opt.evaluate.rows.add_scores`), against its record's
+  text, remembered from the source's windows only until the row is stored (a source the executor
+  reads otherwise, a Ray dataset, may give texts by id: ``texts(ids)``; an executor whose record texts
+  are not sources says so, ``texts_are_sources = False``, and scores without them);
 - **metrics**, baselines included: `bart_opt.evaluate.metrics.RowTotals`.
 
 `RunControl` is how a run is stopped from another thread: `stop` finishes what is on the device
@@ -41,8 +46,9 @@ from typing import Any, Protocol
 from bart_opt.batching import Device, InlineDevice
 from bart_opt.data import Record
 from bart_opt.errors import InvalidRequest
-from bart_opt.evaluate.rows import FAILED, MODEL, REFUSED, RowBatch, prediction_row, refused_row
+from bart_opt.evaluate.rows import FAILED, MODEL, REFUSED, RowBatch, add_scores, prediction_row, refused_row
 from bart_opt.rouge import RougeSettings
+from bart_opt.scoring.base import Metric
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import CANCELLED, BatchOutcome, Encoded, Summarizer, check_text
 
@@ -200,9 +206,10 @@ class RunReport:
 
 def evaluate_records(source: Source, sink: Sink, executor: Executor, spec: GenerationSpec, *,
                      control: RunControl | None = None, max_failure_streak: int = MAX_FAILURE_STREAK,
-                     rouge: RougeSettings | None = None) -> RunReport:
+                     rouge: RougeSettings | None = None, metrics: Sequence[Metric] = ()) -> RunReport:
     """Run every pending record of `source` through `executor` and store the rows in `sink`, their
-    references scored with `rouge`'s scorer (None: the model's own).
+    references scored with `rouge`'s scorer (None: the model's own) and with `metrics` (those beyond
+    ROUGE, `bart_opt.scoring.registry.build_metrics`; ROUGE's own entry is skipped).
 
     Returns once every record has a row, or early when `control` stops or cancels the run.
     Raises `FailureStreak` after `max_failure_streak` model failures in a row (what was stored
@@ -212,15 +219,20 @@ def evaluate_records(source: Source, sink: Sink, executor: Executor, spec: Gener
     stored = SeenIds()
     report = RunReport()
     streak, last_error = 0, ""
-    batches = executor.run(_Deduped(source, sink.done), spec, control, rouge=rouge)
+    extra = [metric for metric in metrics if metric.name != "rouge"]
+    pending = _Deduped(source, sink.done)
+    texts = _Texts(pending, enabled=bool(extra) and getattr(executor, "texts_are_sources", True))
+    batches = executor.run(texts, spec, control, rouge=rouge)
     try:
         for batch in batches:
             if control.cancelled:
                 return report
+            sources = texts.take([row["id"] for row in batch.rows])
             fresh = [k for k, row in enumerate(batch.rows) if stored.add(row["id"])]
             if not fresh:
                 continue
             batch = batch if len(fresh) == len(batch.rows) else batch.subset(fresh)
+            add_scores(batch.rows, extra, sources)
             sink.write(batch)
             report.rows += len(batch.rows)
             if batch.kind == MODEL:
@@ -250,6 +262,35 @@ class _Deduped:
                 yield kept
 
     def __getattr__(self, name: str) -> Any:  # a source's other ways of being read (a Ray dataset)
+        return getattr(self.source, name)
+
+
+class _Texts:
+    """`source`, remembering the text of each record its windows hand out until `take` hands it over (only
+    when `enabled`: a run that scores nothing beyond ROUGE keeps none)."""
+
+    def __init__(self, source: Any, enabled: bool):
+        self.source = source
+        self.enabled = enabled
+        self._texts: dict[str, str] = {}
+
+    def windows(self) -> Iterator[list[Pending]]:
+        for window in self.source.windows():
+            if self.enabled:
+                self._texts.update((p.record.id, p.record.text) for p in window)
+            yield window
+
+    def take(self, ids: Sequence[str]) -> dict[str, str | None]:
+        """The texts of records `ids` (None where not known), forgotten here."""
+        if not self.enabled:
+            return {}
+        found = {record_id: self._texts.pop(record_id, None) for record_id in ids}
+        unknown = [record_id for record_id, text in found.items() if text is None]
+        if unknown and hasattr(self.source, "texts"):  # records read around the windows (a Ray dataset)
+            found.update(self.source.texts(unknown))
+        return found
+
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.source, name)
 
 

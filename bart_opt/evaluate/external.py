@@ -16,7 +16,10 @@ for the service's jobs of another system's predictions: each record's text is it
 dataset's fingerprint), ``predictions.jsonl`` (a baseline's row shape: ``id``, ``prediction``,
 ``reference``, ``rouge``, ``error``, ``seconds``) and ``metrics.json`` (``rouge.<type>.{low,mid,high}``
 as ``evaluate``'s, with the signature). So ``bart-opt compare`` reads it beside a model's run and a
-lead-3 run on the same examples. Scoring takes milliseconds an example: the folder is rewritten
+lead-3 run on the same examples. The metrics beyond ROUGE (`bart_opt.scoring.registry`) score each
+prediction too, each row's ``scores``; a predictions file holds no source text, so a metric that
+needs one (``extractive``) scores only what it can without (its repeated trigrams), and the metrics
+warn of what they left out. Scoring takes milliseconds an example: the folder is rewritten
 whole each time; a folder that holds another system's run (another name, other ROUGE settings or
 other examples) is refused unless `overwrite`.
 """
@@ -34,12 +37,13 @@ from typing import Any
 from bart_opt.data import MissingColumnError, Record, check_id
 from bart_opt.evaluate.metrics import RowTotals
 from bart_opt.evaluate.record import run_record
-from bart_opt.evaluate.rows import REFUSED, SCORED, RowBatch, baseline_row, refused_row
+from bart_opt.evaluate.rows import REFUSED, SCORED, RowBatch, add_scores, baseline_row, refused_row
 from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, json_line, start_run
 from bart_opt.evaluate.stored import check_out, write_run_file
 from bart_opt.readers import DEFAULT_MAX_LINE_BYTES, file_format, file_rows
 from bart_opt.rouge import RougeSettings
 from bart_opt.runlock import RunLock
+from bart_opt.scoring.registry import MetricSettings, build_metrics
 
 _CHUNK = 1 << 20
 
@@ -146,21 +150,26 @@ def _join(found: Mapping[str, Any], path: Path, columns: Columns, max_line_bytes
 
 def run_scoring(predictions: str | Path, out_dir: str | Path, *, rouge: RougeSettings | None = None,
                 columns: Columns = Columns(), references: str | Path | None = None, name: str | None = None,
-                overwrite: bool = False, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> dict:
+                overwrite: bool = False, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+                metrics: MetricSettings | None = None) -> dict:
     """Score the predictions file into `out_dir` (see the module docstring) and return the metrics.
 
-    `name` is how reports call the system (default: the file's name without its extension). Raises
-    what `read_predictions` raises, and ValueError when `out_dir` holds another run (as
-    `bart_opt.evaluate.runs.start_run` decides).
+    `name` is how reports call the system (default: the file's name without its extension); `metrics`
+    the metrics beyond ROUGE (default: `bart_opt.scoring.registry.DEFAULT`). Raises what
+    `read_predictions` raises, `InvalidRequest` for metrics that cannot be built, and ValueError when
+    `out_dir` holds another run (as `bart_opt.evaluate.runs.start_run` decides).
     """
     rouge = rouge or RougeSettings()
+    settings = metrics or MetricSettings.for_rouge(rouge)
+    built = [metric for metric in build_metrics(settings, rouge) if metric.name != "rouge"]
     path = Path(predictions)
     pairs = read_predictions(path, columns, references, max_line_bytes)
     scorer = rouge.scorer()
     extra = {"file": file_fingerprint(path)}
     if references is not None:
         extra["references_file"] = file_fingerprint(Path(references))
-    run = run_record(system="external", model=name or path.stem, rouge=rouge, **extra)
+    run = run_record(system="external", model=name or path.stem, rouge=rouge, metrics=settings.record(built),
+                     **extra)
     out = Path(out_dir)
     check_out(out)
     with RunLock(out):
@@ -170,21 +179,24 @@ def run_scoring(predictions: str | Path, out_dir: str | Path, *, rouge: RougeSet
             start = time.perf_counter()
             score = scorer.score_any(prediction, record.reference)
             rows.append(baseline_row(record, prediction, score, time.perf_counter() - start))
+        add_scores(rows, built, {})  # a predictions file holds no source texts
         write_run_file(out / PREDICTIONS_FILE, "".join(json_line(row) for row in rows))
-        metrics = RowTotals(scorer).added(rows).external_metrics(run)
-        metrics["warnings"] = notes + metrics["warnings"]
-        metrics["resumed_from"] = 0
-        write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
-        return metrics
+        found = RowTotals(scorer, run["metrics"]).added(rows).external_metrics(run)
+        found["warnings"] = notes + found["warnings"]
+        found["resumed_from"] = 0
+        write_run_file(out / METRICS_FILE, json.dumps(found, indent=2) + "\n")
+        return found
 
 
 class ScoringExecutor:
     """An executor of the evaluation core that scores predictions instead of running a model: each
     pending record's text is a prediction, scored against its reference (one `SCORED` batch a window;
-    records refused before, `REFUSED`). `name` names the system."""
+    records refused before, `REFUSED`). `name` names the system. The core scores the metrics beyond
+    ROUGE without source texts (`texts_are_sources`: the record texts are the predictions)."""
 
     in_process = True
     fingerprint = None
+    texts_are_sources = False
 
     def __init__(self, name: str = "external", rouge: RougeSettings | None = None):
         self.name = name

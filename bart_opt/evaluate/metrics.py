@@ -5,6 +5,12 @@ does not depend on how the rows were batched or resumed), holding only counters 
 rows' ROUGE packed as floats (12 per row): any number of rows can stream through, from a file or
 from a database a page at a time. `model_metrics` and `baseline_metrics` are its two reports.
 
+Metrics beyond ROUGE (`bart_opt.scoring.registry`) are aggregated the same way (`ScoreTotals`: each
+score packed as floats, aggregated with ROUGE's bootstrap samples and seed) into
+``metrics[name] = {score: {"low", "mid", "high"}}``, beside ``metrics["metrics"]`` (their names, ROUGE
+first), ``metrics["signatures"]`` (each one's signature but ROUGE's) and ``metrics["metric_settings"]``
+(the run record's ``metrics``: settings and signatures).
+
 The model is described by what a `Summarizer` has (``name``, ``device``, ``count_cpu_tensors``,
 ``scorer``); a Ray replica pool has the same. Baselines (`bart_opt.baselines`) are scored here
 too (`baseline_rows`, `score_baselines`), with the model's scorer, so their intervals are
@@ -18,14 +24,17 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 
 from bart_opt.baselines import BASELINES, check_baselines
 from bart_opt.data import Record
 from bart_opt.evaluate.record import signature
-from bart_opt.evaluate.rows import baseline_row
+from bart_opt.evaluate.rows import add_scores, baseline_row
 from bart_opt.rouge import MEASURES, RougeScorer
 from bart_opt.rouge_text import coverage
+from bart_opt.scoring.base import Metric, aggregate_columns
+from bart_opt.scoring.registry import SOURCE_SCORES
 
 MOSTLY_DROPPED = 0.5  # a text of which the tokenizer keeps less than this share of letters and digits is flagged
 
@@ -100,11 +109,85 @@ class Coverage:
                 "--rouge-tokenizer unicode or script (and --rouge-lang)"]
 
 
-class RowTotals:
-    """Counters and packed ROUGE over prediction rows added in record order (model or baseline rows)."""
+class ScoreTotals:
+    """The per-example scores of metrics beyond ROUGE over the rows scored with ROUGE, in record order,
+    each score packed as floats (`add`); `aggregates` gives each metric's intervals.
 
-    def __init__(self, scorer: RougeScorer):
+    A score that some scored rows lack (``extractive``'s source-based scores, for predictions scored
+    without their sources) is left out of its metric's aggregate, and `warnings` says so: the others
+    stay paired over the same rows as ROUGE.
+    """
+
+    def __init__(self, names: Sequence[str], bootstrap_samples: int, seed: int,
+                 expected: Mapping[str, Sequence[str]] = SOURCE_SCORES):
+        self.names = [name for name in names if name != "rouge"]
+        self.bootstrap_samples, self.seed = bootstrap_samples, seed
+        self.expected = expected  # scores a metric gives only with a source: warned of when no row has them
+        self.rows = 0
+        self.values: dict[str, dict[str, array]] = {name: {} for name in self.names}
+        self.missing: dict[str, int] = dict.fromkeys(self.names, 0)  # scored rows without the metric at all
+
+    def add(self, scores: Mapping[str, Mapping[str, float]] | None) -> None:
+        """One row scored with ROUGE, with its ``scores`` (None: a row without them)."""
+        self.rows += 1
+        for name in self.names:
+            found = (scores or {}).get(name)
+            if found is None:
+                self.missing[name] += 1
+                continue
+            columns = self.values[name]
+            for score, value in found.items():
+                columns.setdefault(score, array("d")).append(float(value))
+
+    def _complete(self, name: str) -> list[str]:
+        return [score for score, column in self.values[name].items() if len(column) == self.rows]
+
+    def aggregates(self) -> dict[str, dict[str, dict[str, float]] | None]:
+        """``{metric: {score: {"low", "mid", "high"}}}`` over the scores every scored row has (None: none)."""
+        found: dict[str, dict[str, dict[str, float]] | None] = {}
+        for name in self.names:
+            complete = self._complete(name)
+            if not complete:
+                found[name] = None
+                continue
+            matrix = np.column_stack([np.frombuffer(self.values[name][score], dtype=np.float64)
+                                      for score in complete])  # (N, K)
+            found[name] = aggregate_columns(complete, matrix, bootstrap_samples=self.bootstrap_samples,
+                                            seed=self.seed)
+        return found
+
+    def warnings(self) -> list[str]:
+        """One warning per metric that some scored rows lack, or some of whose scores they lack."""
+        found = []
+        for name in self.names:
+            if self.missing[name]:  # then no score is on every row: the metric has no aggregate
+                found.append(f"{name}: {self.missing[name]} of {self.rows} scored examples have no {name} scores "
+                             "(rows stored before the metric was chosen, or by another scorer); it is left out")
+                continue
+            counts = {score: 0 for score in self.expected.get(name, ())}
+            counts.update((score, len(column)) for score, column in self.values[name].items())
+            lacking: dict[int, list[str]] = {}  # examples without the score -> those scores
+            for score, count in counts.items():
+                if count < self.rows:
+                    lacking.setdefault(self.rows - count, []).append(score)
+            found += [f"{name}: {', '.join(scores)} left out: {k} of {self.rows} scored examples have no source "
+                      "text to score them against (predictions scored without their inputs, as bart-opt score "
+                      "reads them)" for k, scores in sorted(lacking.items(), reverse=True)]
+            if self.rows and not counts:
+                found.append(f"{name}: no scores for any of {self.rows} scored examples")
+        return found
+
+
+class RowTotals:
+    """Counters and packed ROUGE over prediction rows added in record order (model or baseline rows), and
+    the scores of the metrics of `metrics` (the run record's ``metrics``, `bart_opt.scoring.registry.
+    MetricSettings.record`; None: ROUGE only, as a run from before metrics beyond ROUGE)."""
+
+    def __init__(self, scorer: RougeScorer, metrics: Mapping[str, Any] | None = None):
         self.scorer = scorer
+        self.metrics = None if metrics is None else dict(metrics)
+        names = ("rouge",) if metrics is None else tuple(metrics["names"])
+        self.extra = ScoreTotals(names, scorer.settings.bootstrap_samples, scorer.settings.seed)
         self.scores = PackedScores(scorer.rouge_types)
         self.coverage = Coverage(scorer.settings.tokenizer)
         self.refs: tuple[int, int] | None = None  # fewest and most references of a scored row
@@ -124,6 +207,8 @@ class RowTotals:
         self.truncated += bool(row.get("truncated"))
         if row["rouge"] is not None:
             self.scores.append(row["rouge"])
+            if self.extra.names:
+                self.extra.add(row.get("scores"))
             reference = row["reference"]
             count = 1 if isinstance(reference, str) else len(reference)
             self.refs = (count, count) if self.refs is None else (min(self.refs[0], count), max(self.refs[1], count))
@@ -144,7 +229,7 @@ class RowTotals:
         return str(low) if low == high else f"{low}-{high}"
 
     def _common(self, name: str, record: Mapping[str, Any]) -> dict:
-        return {
+        common = {
             "model": name,
             "signature": signature(record, self.nrefs),
             "n_obs": self.n,
@@ -155,8 +240,12 @@ class RowTotals:
             "rouge": self.scorer.aggregate(self.scores) if len(self.scores) else None,
             "rouge_settings": self.scorer.settings.to_dict(),
             "rouge_coverage": self.coverage.to_dict(),
-            "warnings": self.coverage.warnings(),
+            "warnings": self.coverage.warnings() + self.extra.warnings(),
         }
+        if self.metrics is not None:
+            common.update({"metrics": ["rouge", *self.extra.names], **self.extra.aggregates(),
+                           "signatures": dict(self.metrics.get("signatures") or {}), "metric_settings": self.metrics})
+        return common
 
     def model_metrics(self, model: ModelInfo, generation: Mapping[str, Any],
                       record: Mapping[str, Any] | None = None) -> dict:
@@ -189,8 +278,9 @@ class RowTotals:
 def metrics_from_rows(rows: Iterable[Mapping[str, Any]], *, model: ModelInfo, generation: Mapping[str, Any],
                       scorer: RougeScorer | None = None, record: Mapping[str, Any] | None = None) -> dict:
     """The metrics of prediction rows given in record order, read once (see `RowTotals.model_metrics`),
-    aggregated with `scorer` (default: the model's)."""
-    return RowTotals(scorer or model.scorer).added(rows).model_metrics(model, generation, record)
+    aggregated with `scorer` (default: the model's); the metrics beyond ROUGE are `record`'s ``metrics``."""
+    return RowTotals(scorer or model.scorer, (record or {}).get("metrics")).added(rows).model_metrics(
+        model, generation, record)
 
 
 def compute_metrics(rows: Mapping[str, dict], records: Sequence[Record], *, model: ModelInfo,
@@ -206,30 +296,37 @@ def compute_metrics(rows: Mapping[str, dict], records: Sequence[Record], *, mode
                              scorer=scorer, record=run)
 
 
-def baseline_rows(name: str, records: Iterable[Record], scorer: RougeScorer) -> Iterator[dict]:
+def baseline_rows(name: str, records: Iterable[Record], scorer: RougeScorer,
+                  metrics: Sequence[Metric] = ()) -> Iterator[dict]:
     """One row per record of baseline `name`, made as the records are read (`baseline_row`);
-    ``rouge`` is None for a record without a reference."""
+    ``rouge`` is None for a record without a reference. `metrics` (beyond ROUGE) score each row
+    against its record's text (`bart_opt.evaluate.rows.add_scores`)."""
     (name,) = check_baselines([name])
     summarize = BASELINES[name]
+    extra = [metric for metric in metrics if metric.name != "rouge"]
     for record in records:
         start = time.perf_counter()
         prediction = summarize(record.text, scorer.settings.lang)
         rouge = scorer.score_any(prediction, record.reference) if record.reference is not None else None
-        yield baseline_row(record, prediction, rouge, time.perf_counter() - start)
+        row = baseline_row(record, prediction, rouge, time.perf_counter() - start)
+        add_scores([row], extra, {record.id: record.text})
+        yield row
 
 
 def score_baselines(names: Iterable[str], records: Iterable[Record] | Callable[[], Iterable[Record]],
-                    scorer: RougeScorer | None = None) -> dict:
+                    scorer: RougeScorer | None = None, metrics: Sequence[Metric] = (),
+                    metric_record: Mapping[str, Any] | None = None) -> dict:
     """Metrics of each baseline on `records`, by name (`RowTotals.baseline_metrics`).
 
     `records` is a sequence, or a function returning a fresh iterable of them (read once per
     baseline: a database cursor, a file reader). Pass the model's scorer so that the intervals
-    are computed the same way as the model's.
+    are computed the same way as the model's, and the model run's metrics (`metrics`, the objects,
+    and `metric_record`, the run record's ``metrics``) so that the baselines get the same ones.
     """
     scorer = scorer or RougeScorer()
     read = records if callable(records) else (lambda: records)
-    return {name: RowTotals(scorer).added(baseline_rows(name, read(), scorer)).baseline_metrics(name)
-            for name in check_baselines(names)}
+    return {name: RowTotals(scorer, metric_record).added(baseline_rows(name, read(), scorer, metrics))
+            .baseline_metrics(name) for name in check_baselines(names)}
 
 
 def peak_source(model: ModelInfo) -> str:
@@ -239,5 +336,5 @@ def peak_source(model: ModelInfo) -> str:
     return "live_tensors" if model.count_cpu_tensors else "none"
 
 
-__all__ = ["ModelInfo", "PackedScores", "RowTotals", "baseline_rows", "compute_metrics", "metrics_from_rows",
+__all__ = ["ModelInfo", "PackedScores", "RowTotals", "ScoreTotals", "baseline_rows", "compute_metrics", "metrics_from_rows",
            "peak_source", "score_baselines"]

@@ -8,13 +8,16 @@ A run folder's ``run.json`` and a service job's stored spec hold the same record
   dtype, mode, static, el_attention, quantize, device type) and the batch budgets;
 - ``generation``: the resolved `bart_opt.spec.GenerationSpec`;
 - ``rouge_settings``: `bart_opt.rouge.RougeSettings.to_dict`;
+- ``metrics``: the metrics beyond ROUGE (`bart_opt.scoring.registry.MetricSettings.record`: their
+  names, ROUGE first, the settings and each metric's signature);
 - ``versions`` (bart-opt, torch, transformers, the ROUGE backend, Python), ``processor`` (the CPU's
   ISA key, `bart_opt.hardware.probe`, or the GPU's name) and ``started_at`` (UTC);
 - ``signature``: the sacrebleu-style line of the ROUGE settings and the engine (`signature`).
 
 `resume_differences` is the one rule for resuming (the CLI's run folders, service jobs): a
-difference in the model, the engine fields, the generation settings or the ROUGE fields that change
-a score is refused, every differing field named; a difference in the versions, the processor or
+difference in the model, the engine fields, the generation settings, the ROUGE fields that change
+a score, the list of metrics or a metric's signature (``metrics``, ``metrics.<name>.<key>``) is
+refused, every differing field named; a difference in the versions, the processor or
 the batch budgets is allowed and returned as a warning (they change no prediction by design: a
 budget lowered after running out of memory must be able to resume; a kernel of another torch or
 processor can only flip a near-tie, and is recorded so that a reader can see it).
@@ -84,10 +87,14 @@ def processor(device: str) -> dict:
 
 def run_record(*, system: str, model: str, rouge: RougeSettings, engine: Mapping[str, Any] | None = None,
                fingerprint: str | None = None, generation: Mapping[str, Any] | None = None,
-               processor_info: Mapping[str, Any] | None = None, **extra: Any) -> dict:
-    """A run record (see the module docstring); `extra` keys are added as they are (a file's fingerprint)."""
+               processor_info: Mapping[str, Any] | None = None, metrics: Mapping[str, Any] | None = None,
+               **extra: Any) -> dict:
+    """A run record (see the module docstring); `metrics` is `MetricSettings.record` (None: ROUGE only, and
+    no ``metrics`` key); `extra` keys are added as they are (a file's fingerprint)."""
     if system not in SYSTEMS:
         raise ValueError(f"system must be one of {SYSTEMS}, got {system!r}")
+    if metrics is not None:
+        extra = {"metrics": dict(metrics), **extra}
     record = {"system": system, "model": model, "fingerprint": fingerprint,
               "generation": None if generation is None else dict(generation),
               "engine": None if engine is None else dict(engine), "rouge_settings": rouge.to_dict(),
@@ -144,7 +151,42 @@ def resume_differences(earlier: Mapping[str, Any], current: Mapping[str, Any]) -
         before_rouge = RougeSettings().to_dict()  # a run from before the record: scored with the defaults
     refused += [f"rouge.{name}: {_shown(old)} -> {_shown(new)}"
                 for name, old, new in settings_differences(before_rouge, current["rouge_settings"], SCORE_FIELDS)]
-    return refused, _warnings(earlier, current)
+    refused += _metric_differences(earlier.get("metrics"), current.get("metrics"))
+    return refused, _warnings(earlier, current) + _metric_version_warnings(earlier.get("metrics"),
+                                                                           current.get("metrics"))
+
+
+def _metric_differences(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """The refused differences of two runs' ``metrics``: the names, then each metric's signature (but its
+    ``versions``). A run that records none scored ROUGE only."""
+    names_before = list(before["names"]) if before else ["rouge"]
+    names_now = list(now["names"]) if now else ["rouge"]
+    if names_before != names_now:
+        shown_before = _shown(names_before) + ("" if before else " (not recorded: a run from before metrics "
+                                                                 "beyond ROUGE)")
+        return [f"metrics: {shown_before} -> {_shown(names_now)}"]
+    if before is None or now is None:
+        return []
+    refused = []
+    for name in names_now[1:]:
+        old, new = before.get("signatures", {}).get(name) or {}, now.get("signatures", {}).get(name) or {}
+        refused += [f"metrics.{name}.{key}: {_shown(old.get(key))} -> {_shown(new.get(key))}"
+                    for key in sorted(set(old) | set(new)) if key != "versions" and old.get(key) != new.get(key)]
+    return refused
+
+
+def _metric_version_warnings(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """A warning per library version that changed under a metric (a signature's ``versions``)."""
+    if not before or not now:
+        return []
+    found = []
+    for name, new in (now.get("signatures") or {}).items():
+        old_versions = ((before.get("signatures") or {}).get(name) or {}).get("versions") or {}
+        new_versions = new.get("versions") or {}
+        found += [f"{name} {package} {old_versions.get(package) or 'not recorded'} then, {new_versions.get(package)} "
+                  "now" for package in sorted(set(old_versions) | set(new_versions))
+                  if old_versions.get(package) != new_versions.get(package)]
+    return found
 
 
 def _generation_differences(before: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:

@@ -7,16 +7,22 @@ score time, ``batch_peak_bytes`` the memory peak of its batch. A record without 
 before the model, or failed by it) has the reason as its ``error``, an empty prediction and no
 ROUGE; once tokenized it keeps its token count. A baseline's rows have only ``id``,
 ``prediction``, ``reference``, ``rouge``, ``error`` and ``seconds``.
+
+A row scored with ROUGE also carries, when the run scores metrics beyond ROUGE (`add_scores`),
+``scores``: ``{metric name: {score name: value}}``, e.g. ``{"extractive": {"coverage": 0.93, ...},
+"length": {"tokens": 41.0, "sentences": 3.0}}``. ROUGE itself stays in ``rouge``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from bart_opt.data import Record
 from bart_opt.results import Encoded
+from bart_opt.scoring.base import Example, Metric
 
 MODEL, FAILED, REFUSED, SCORED = "model", "failed", "refused", "scored"  # the kinds of `RowBatch`
 
@@ -58,6 +64,24 @@ def baseline_row(record: Record, prediction: str, rouge: dict | None, seconds: f
             "error": None, "seconds": seconds}
 
 
+def add_scores(rows: Sequence[dict], metrics: Sequence[Metric], sources: Mapping[str, str | None]) -> None:
+    """Score the rows that have ROUGE with each of `metrics` (not ROUGE: the pipeline scored it), in place:
+    ``row["scores"][metric.name]``, each row's share of the time added to its ``seconds``. `sources` maps a
+    row's id to its source text (None, or absent: not known, as for another system's predictions)."""
+    scored = [row for row in rows if row.get("rouge") is not None]
+    if not metrics or not scored:
+        return
+    start = time.perf_counter()
+    examples = [Example(row["prediction"], row["reference"] if isinstance(row["reference"], str)
+                        else tuple(row["reference"]), sources.get(row["id"])) for row in scored]
+    for metric in metrics:
+        for row, scores in zip(scored, metric.score(examples), strict=True):
+            row.setdefault("scores", {})[metric.name] = scores
+    share = (time.perf_counter() - start) / len(scored)
+    for row in scored:
+        row["seconds"] += share
+
+
 @dataclass
 class RowBatch:
     """Prediction rows stored together, and where they come from.
@@ -91,4 +115,5 @@ class RowBatch:
         return replace(self, rows=[self.rows[k] for k in keep], positions=[self.positions[k] for k in keep])
 
 
-__all__ = ["FAILED", "MODEL", "REFUSED", "SCORED", "RowBatch", "baseline_row", "prediction_row", "refused_row"]
+__all__ = ["FAILED", "MODEL", "REFUSED", "SCORED", "RowBatch", "add_scores", "baseline_row", "prediction_row",
+           "refused_row"]

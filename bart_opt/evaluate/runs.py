@@ -48,6 +48,8 @@ from bart_opt.evaluate.stored import (
 )
 from bart_opt.rouge import RougeScorer, RougeSettings
 from bart_opt.runlock import RunLock
+from bart_opt.scoring.base import Metric
+from bart_opt.scoring.registry import MetricSettings, build_metrics
 from bart_opt.spec import GenerationSpec
 from bart_opt.summarizer import Summarizer
 
@@ -148,6 +150,7 @@ def run_evaluation(
     overwrite: bool = False,
     baselines: Sequence[str] = (),
     rouge: RougeSettings | None = None,
+    metrics: MetricSettings | None = None,
 ) -> dict:
     """Evaluate `records` into `out_dir`, resuming what an earlier run there left.
 
@@ -161,7 +164,10 @@ def run_evaluation(
     deletes an earlier run in `out_dir` and starts over. `baselines` (e.g. ``["lead-3"]``, see
     `bart_opt.baselines`) are scored on the same records with the same scorer and reported under
     ``metrics["baselines"][name]``. `rouge` are the ROUGE settings (default: the model's scorer's),
-    recorded in run.json and metrics.json with the signature. Raises `InvalidRequest` for bad generation options and
+    recorded in run.json and metrics.json with the signature. `metrics` are the metrics beyond ROUGE
+    (default: `bart_opt.scoring.registry.DEFAULT`, words and sentences in ROUGE's language), scored on
+    every row and on the baselines, recorded in run.json and checked on resume like the ROUGE settings.
+    Raises `InvalidRequest` for bad generation options or metrics and
     `UnknownBaselineError` for an unknown baseline (both before anything is written),
     `bart_opt.evaluate.core.FailureStreak` when the model fails on record after record, and
     ValueError when `out_dir` holds a run made with another model, another checkpoint (by content),
@@ -174,20 +180,24 @@ def run_evaluation(
     executor = SummarizerExecutor(model) if isinstance(model, Summarizer) else model
     spec = executor.generation_spec(generation_kwargs)
     rouge = rouge or executor.model.scorer.settings
+    metrics = metrics or MetricSettings.for_rouge(rouge)
+    built = build_metrics(metrics, rouge)
     out = Path(out_dir)
     check_out(out)
     with RunLock(out):
         run = run_record(system="bart", model=executor.identity()["model"], fingerprint=executor.fingerprint,
                          generation=spec.to_dict(), engine=executor.engine_record(), rouge=rouge,
-                         processor_info=executor.processor())
+                         processor_info=executor.processor(), metrics=metrics.record(built))
         notes = start_run(out, run, records, source, overwrite=overwrite)
-        return _evaluate_into(out, executor, records, spec, progress, on_batch, on_progress, baselines, run, notes)
+        return _evaluate_into(out, executor, records, spec, progress, on_batch, on_progress, baselines, run, notes,
+                              built)
 
 
 def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spec: GenerationSpec, progress: bool,
                    on_batch: Callable[[list[dict]], None] | None, on_progress: Callable[[int, int], None] | None,
-                   baselines: Sequence[str], run: dict, notes: list[str]) -> dict:
-    """`run_evaluation`'s work once the folder is locked and matched to the run (`run`, the record)."""
+                   baselines: Sequence[str], run: dict, notes: list[str], metrics: Sequence[Metric]) -> dict:
+    """`run_evaluation`'s work once the folder is locked and matched to the run (`run`, the record; `metrics`,
+    its metrics built)."""
     rouge = RougeSettings.from_dict(run["rouge_settings"])
     from tqdm.auto import tqdm
 
@@ -209,23 +219,23 @@ def _evaluate_into(out: Path, executor: Executor, records: Sequence[Record], spe
         folder = RunFolder(out, written)
         done = len({record.id for record in records} & folder.done)
         moved(done)
-        report = evaluate_records(ListSource(records), folder, executor, spec, rouge=rouge)
-    metrics = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict(),
-                              scorer=rouge.scorer(), run=run)
-    metrics["warnings"] = notes + metrics["warnings"]
-    metrics["wall_s_last_run"] = time.perf_counter() - start
+        report = evaluate_records(ListSource(records), folder, executor, spec, rouge=rouge, metrics=metrics)
+    found = compute_metrics(folder.rows, records, model=executor.model, generation=spec.to_dict(),
+                            scorer=rouge.scorer(), run=run)
+    found["warnings"] = notes + found["warnings"]
+    found["wall_s_last_run"] = time.perf_counter() - start
     # Inside this process's model calls; the rest of the wall time is tokenizing, decoding, ROUGE and I/O.
-    metrics["model_s_last_run"] = report.model_seconds if executor.in_process else None
-    metrics["resumed_from"] = done
+    found["model_s_last_run"] = report.model_seconds if executor.in_process else None
+    found["resumed_from"] = done
     if baselines:
-        metrics["baselines"] = score_baselines(baselines, records, rouge.scorer())
-    write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
-    return metrics
+        found["baselines"] = score_baselines(baselines, records, rouge.scorer(), metrics, run.get("metrics"))
+    write_run_file(out / METRICS_FILE, json.dumps(found, indent=2) + "\n")
+    return found
 
 
 def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str | Path,
                             scorer: RougeScorer | None = None, *, source: str | None = None,
-                            overwrite: bool = False) -> dict:
+                            overwrite: bool = False, metrics: MetricSettings | None = None) -> dict:
     """Evaluate baseline `name` into `out_dir` as `run_evaluation` does a model, scored with `scorer`
     (default: `RougeScorer()`; its settings are recorded).
 
@@ -233,25 +243,28 @@ def run_baseline_evaluation(name: str, records: Sequence[Record], out_dir: str |
     the ROUGE settings and the dataset's fingerprint, checked against an earlier run there as for a
     model), predictions.jsonl
     (rewritten whole: a baseline takes milliseconds, so there is nothing to resume) and
-    metrics.json; returns the metrics. `source` and `overwrite` are run_evaluation's. Raises
+    metrics.json; returns the metrics. `source`, `overwrite` and `metrics` are run_evaluation's. Raises
     ValueError when `out_dir` holds another run (another model, baseline or dataset).
     """
     (name,) = check_baselines([name])
     scorer = scorer or RougeScorer()
+    settings = metrics or MetricSettings.for_rouge(scorer.settings)
+    built = build_metrics(settings, scorer.settings)
     out = Path(out_dir)
     check_out(out)
     with RunLock(out):
-        run = run_record(system="baseline", model=name, rouge=scorer.settings, baseline=True)
+        run = run_record(system="baseline", model=name, rouge=scorer.settings, baseline=True,
+                         metrics=settings.record(built))
         notes = start_run(out, run, records, source, overwrite=overwrite)
         start = time.perf_counter()
-        rows = list(baseline_rows(name, records, scorer))
+        rows = list(baseline_rows(name, records, scorer, built))
         write_run_file(out / PREDICTIONS_FILE, "".join(json_line(row) for row in rows))
-        metrics = RowTotals(scorer).added(rows).baseline_metrics(name)
-        metrics["warnings"] = notes + metrics["warnings"]
-        metrics["wall_s_last_run"] = time.perf_counter() - start
-        metrics["resumed_from"] = 0
-        write_run_file(out / METRICS_FILE, json.dumps(metrics, indent=2) + "\n")
-        return metrics
+        found = RowTotals(scorer, run["metrics"]).added(rows).baseline_metrics(name)
+        found["warnings"] = notes + found["warnings"]
+        found["wall_s_last_run"] = time.perf_counter() - start
+        found["resumed_from"] = 0
+        write_run_file(out / METRICS_FILE, json.dumps(found, indent=2) + "\n")
+        return found
 
 
 def start_run(out: Path, run: dict, records: Sequence[Record], source: str | None, *, overwrite: bool) -> list[str]:

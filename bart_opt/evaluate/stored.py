@@ -4,8 +4,8 @@ following symbolic links.
 A resumed run trusts what an earlier one left: ``predictions.jsonl``'s rows go into the metrics as
 they are, ``run.json`` decides what may be resumed. So every row and file is checked against a
 pydantic schema first (`PredictionRow`, `RunFile`, `MetricsFile`): fields present and of their
-types, ROUGE scores finite numbers from 0 to 100, seconds a finite number, ids unique, the JSON
-files objects. `check_run_folder` does it all before the model loads (the command line calls it
+types, ROUGE scores finite numbers from 0 to 100, the other metrics' scores finite numbers, seconds
+a finite number, ids unique, the JSON files objects. `check_run_folder` does it all before the model loads (the command line calls it
 first); a problem is a `StoredFileError` (a ValueError) naming the file, the line and the field,
 for a one-line exit 2.
 
@@ -36,6 +36,7 @@ RUN_FILE = "run.json"
 RUN_FILES = (LOCK_FILE, METRICS_FILE, PREDICTIONS_FILE, RUN_FILE)
 
 Score = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False, strict=False)]
+MetricScore = Annotated[float, Field(allow_inf_nan=False, strict=False)]
 Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, strict=True)]
 
@@ -81,6 +82,7 @@ class PredictionRow(BaseModel):
     padding_computed: Count | None = None
     padding_avoided: Count | None = None
     batch_peak_bytes: Count | None = None
+    scores: dict[str, dict[str, MetricScore]] | None = None  # the metrics beyond ROUGE (`bart_opt.evaluate.rows`)
 
     @field_validator("id")
     @classmethod

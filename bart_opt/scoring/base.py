@@ -94,9 +94,18 @@ def aggregate(per_example: Sequence[Mapping[str, float]], *, bootstrap_samples: 
             raise ValueError(f"example {i} lacks the scores {missing}; it has {sorted(item)}")
     matrix = np.asarray([[float(item[name]) for name in names] for item in per_example],
                         dtype=np.float64)  # (N, K)
+    return aggregate_columns(names, matrix, bootstrap_samples=bootstrap_samples, seed=seed)
+
+
+def aggregate_columns(names: Sequence[str], matrix: np.ndarray, *, bootstrap_samples: int = 1000,
+                      seed: int = 0) -> dict[str, dict[str, float]]:
+    """`aggregate` of per-example scores already packed as a (N, K) matrix, column k holding score ``names[k]``
+    (what a run's streamed aggregation holds); the same numbers as `aggregate` of the same scores."""
+    if matrix.shape[0] == 0:
+        raise ValueError("cannot aggregate a metric over zero examples")
     low, high = bootstrap_interval(matrix, bootstrap_samples, seed)  # each (K,)
     return {name: {"low": float(low[k]), "mid": mean(matrix[:, k]), "high": float(high[k])}
             for k, name in enumerate(names)}
 
 
-__all__ = ["CONFIDENCE", "Example", "Metric", "aggregate", "bootstrap_interval", "mean"]
+__all__ = ["CONFIDENCE", "Example", "Metric", "aggregate", "aggregate_columns", "bootstrap_interval", "mean"]

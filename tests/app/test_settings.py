@@ -323,3 +323,17 @@ def test_bart_opt_mlflow_uri_without_mlflow_is_refused_at_start(monkeypatch):
         Settings(mlflow_uri="http://ops:pw@mlflow:5000")
     assert "BART_OPT_MLFLOW_URI needs MLflow: pip install 'bart-opt[tracking]'" in str(refused.value)
     assert "pw@" not in str(refused.value)
+
+
+def test_metrics_setting_is_checked_when_read(monkeypatch):
+    monkeypatch.setenv("BART_OPT_METRICS", "rouge,length")
+    assert Settings().metrics == "rouge,length"
+    assert Settings().metric_settings(Settings().rouge_settings()).metrics == ("rouge", "length")
+    monkeypatch.setenv("BART_OPT_METRICS", "rouge,bleu")
+    with pytest.raises(ValidationError, match="BART_OPT_METRICS: unknown metric 'bleu'"):
+        Settings()
+    monkeypatch.setenv("BART_OPT_METRICS", "bertscore")
+    with pytest.raises(ValidationError, match="BART_OPT_BERTSCORE_MODEL"):
+        Settings()
+    monkeypatch.delenv("BART_OPT_METRICS")
+    assert Settings().metrics == "rouge,extractive,length"

@@ -427,7 +427,9 @@ def test_evaluate_and_score_print_the_format_asked_on_stdout_only(lead_run, tmp_
     assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "e"),
                  "--format", fmt]) == 0
     evaluated = capsys.readouterr()
-    assert main(["score", str(lead_run / "predictions.jsonl"), "--out", str(tmp_path / "s"), "--format", fmt]) == 0
+    # Without the extractive metric: a predictions file has no sources, and CSV prints that warning on stderr.
+    assert main(["score", str(lead_run / "predictions.jsonl"), "--out", str(tmp_path / "s"), "--format", fmt,
+                 "--metrics", "rouge,length"]) == 0
     scored = capsys.readouterr()
     assert evaluated.err == scored.err == ""  # no ROUGE lines on stderr once a format is asked for
     metrics = json.loads((tmp_path / "e" / "metrics.json").read_text())
@@ -465,3 +467,27 @@ def test_compare_prints_its_significance_table_in_each_format(lead_run, tmp_path
     with pytest.raises(SystemExit) as stopped:  # argparse's own usage error
         main(["compare", *runs, "--json", "--format", "csv"])
     assert stopped.value.code == 2 and "not allowed with argument --json" in capsys.readouterr().err
+
+
+def test_metrics_flags_choose_the_metrics_and_bad_ones_are_one_line(tmp_path, capsys):
+    rng = random.Random(9)
+    data = tmp_path / "cnn.jsonl"
+    rows = [{"id": str(i), "article": random_article(rng, 5), "highlights": random_article(rng, 2)} for i in range(3)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "a"),
+                 "--metrics", "length"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["metrics"] == ["rouge", "length"] and "extractive" not in metrics
+    assert metrics["length"]["sentences"]["mid"] == 3.0  # lead-3: three sentences
+    for flags, says in ((["--metrics", "rouge,bleu"], "--metrics: unknown metric 'bleu'"),
+                        (["--metrics", "length,length"], "--metrics: length given more than once"),
+                        (["--metrics", "rouge,bertscore"], "--bertscore-model: the metric bertscore needs a model"),
+                        (["--metrics", "consistency"], "--consistency-model: the metric consistency needs a model")):
+        assert main(["evaluate", "--model", "lead-3", "--data", str(data), "--out", str(tmp_path / "b"), *flags]) == 2
+        err = capsys.readouterr().err
+        assert says in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "b").exists()
+    predictions = tmp_path / "a" / "predictions.jsonl"
+    assert main(["score", str(predictions), "--out", str(tmp_path / "scored"), "--metrics", "rouge,extractive"]) == 0
+    printed = capsys.readouterr()
+    assert set(json.loads(printed.out)["extractive"]) == {"repeated_trigrams"}
+    assert "warning: extractive: compression, coverage" in printed.err  # no source text in a predictions file

@@ -206,3 +206,79 @@ def test_bart_opt_compare_refuses_other_datasets_and_missing_folders(tmp_path, c
     (tmp_path / "a" / "predictions.jsonl").write_text('{"id": "x"}\n{"id": \n')
     assert main(["compare", str(a), str(b)]) == 2
     assert "line 2 is not valid JSON" in capsys.readouterr().err
+
+
+# ---- metrics beyond ROUGE -----------------------------------------------------------------------------
+
+
+def with_scores(base: Run, coverage: list[float], tokens: list[float]) -> Run:
+    rows = [{**r, "scores": {"extractive": {"coverage": c}, "length": {"tokens": t}}}
+            for r, c, t in zip(base.rows, coverage, tokens)]
+    return Run(base.name, rows, dict(base.info))
+
+
+def test_every_score_of_every_metric_gets_its_significance_row():
+    n = 20
+    base = with_scores(run("base", scores(n, 1)), [0.9] * n, [30.0 + i for i in range(n)])
+    other = with_scores(run("other", scores(n, 2)), [0.5 + 0.01 * i for i in range(n)], [30.0 + i for i in range(n)])
+    result = compare_runs([base, other], resamples=300, seed=2)
+    (comparison,) = result["comparisons"]
+    assert comparison["metrics"] == ["rouge", "extractive", "length"]  # each under its name, as ROUGE's
+    coverage = comparison["extractive"]["coverage"]
+    order = sorted(range(n), key=lambda i: f"doc-{i}")  # compared in id order
+    diffs = np.array([0.5 + 0.01 * i for i in order]) - np.array([0.9] * n)  # run - baseline
+    assert coverage == {**paired_bootstrap_row(diffs, 300, 2), "baseline": pytest.approx(0.9),
+                        "run": pytest.approx(np.mean([0.5 + 0.01 * i for i in range(n)]))}
+    tokens = comparison["length"]["tokens"]
+    assert tokens["delta"] == 0.0 and tokens["p_bootstrap"] == 1.0 and tokens["p_randomization"] == 1.0
+    assert result["runs"][1]["metrics"]["length"]["tokens"] == np.mean([30.0 + i for i in range(n)])
+    assert comparison["rouge"] == compare_runs([run("base", scores(n, 1)), run("other", scores(n, 2))],
+                                               resamples=300, seed=2)["comparisons"][0]["rouge"]
+
+
+def paired_bootstrap_row(diffs, resamples, seed):
+    bootstrap = paired_bootstrap(diffs, resamples, seed)
+    randomization = approximate_randomization(diffs, resamples, seed)
+    return {"delta": bootstrap["delta"], "interval": bootstrap["interval"], "p_bootstrap": bootstrap["p"],
+            "p_randomization": randomization["p"], "randomization": randomization["method"]}
+
+
+def test_runs_without_scores_compare_on_rouge_only_and_other_signatures_are_left_out():
+    n = 10
+    old = run("old", scores(n, 3))  # rows from before metrics beyond ROUGE
+    new = with_scores(run("new", scores(n, 4)), [0.7] * n, [20.0] * n)
+    (comparison,) = compare_runs([old, new], resamples=100)["comparisons"]
+    assert comparison["metrics"] == ["rouge"] and set(comparison["rouge"]) == set(DEFAULT_ROUGE_TYPES)
+    assert "extractive" not in comparison and "length" not in comparison
+
+    signed = {"metrics": {"signatures": {"extractive": {"tokenizer": "unicode"}, "length": {"tokenizer": "unicode"}}}}
+    other = {"metrics": {"signatures": {"extractive": {"tokenizer": "script"}, "length": {"tokenizer": "unicode"}}}}
+    a = with_scores(run("a", scores(n, 5)), [0.7] * n, [20.0] * n)
+    b = with_scores(run("b", scores(n, 6)), [0.6] * n, [21.0] * n)
+    a.info, b.info = signed, other
+    result = compare_runs([a, b], resamples=100)
+    assert result["comparisons"][0]["metrics"] == ["rouge", "length"] and "extractive" not in result["comparisons"][0]
+    assert any(note.startswith("extractive: scored otherwise in a and b") for note in result["notes"])
+
+
+def test_bart_opt_compare_prints_a_row_per_metric_score(tmp_path, capsys):
+    n = 8
+    a = write_run(tmp_path / "a", with_scores(run("a", scores(n, 7)), [0.9] * n, [25.0] * n).rows)
+    b = write_run(tmp_path / "b", with_scores(run("b", scores(n, 8)), [0.8] * n, [27.0] * n).rows)
+    assert main(["compare", str(a), str(b), "--resamples", "200", "--metric", "rouge2"]) == 0
+    text = capsys.readouterr().out
+    row = compare_runs([load_run(a), load_run(b)], resamples=200)["comparisons"][0]["length"]["tokens"]
+    assert f"length.tokens: 25 -> 27, delta {row['delta']:+.4g}" in text and "extractive.coverage: 0.9 -> 0.8" in text
+    assert "biggest wins (rouge2):" in text or "biggest losses (rouge2):" in text
+    assert main(["compare", str(a), str(b), "--resamples", "200", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["comparisons"][0]["length"]["tokens"]["delta"] == 2.0
+
+
+def test_the_report_table_reads_a_row_per_metric_score():
+    from bart_opt.report.tables import comparison_rows
+
+    n = 6
+    a = with_scores(run("a", scores(n, 9)), [0.9] * n, [25.0] * n)
+    b = with_scores(run("b", scores(n, 10)), [0.8] * n, [27.0] * n)
+    (comparison,) = compare_runs([a, b], resamples=100)["comparisons"]
+    assert list(comparison_rows(comparison)) == [*DEFAULT_ROUGE_TYPES, "extractive.coverage", "length.tokens"]

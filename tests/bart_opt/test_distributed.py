@@ -203,8 +203,9 @@ def test_cli_ray_run_equals_the_single_process_run(ray_cluster, demo_checkpoint,
     by_id = {row["id"]: row for row in ray_rows}
     assert all({k: row[k] for k in fields} == {k: by_id[row["id"]][k] for k in fields} for row in one)
     assert on_ray["rouge"] == single["rouge"] and on_ray["rouge"] is not None
-    for key in ("model", "n_obs", "n_errors", "n_scored", "tokens", "generation"):
+    for key in ("model", "n_obs", "n_errors", "n_scored", "tokens", "generation", "metrics", "extractive", "length"):
         assert on_ray[key] == single[key], key
+    assert all(row["scores"] == by_id[row["id"]]["scores"] for row in one)  # the sources reach the core on Ray too
     assert on_ray["memory"]["device"] == "cpu" and on_ray["memory"]["peak_bytes"] > 0
     run_files = [json.loads((tmp_path / name / "run.json").read_text()) for name in ("one", "ray")]
     same = ("model", "fingerprint", "generation", "engine", "rouge_settings", "dataset")

@@ -74,6 +74,18 @@ def test_a_finished_jobs_rouge_equals_the_api(site, page):
     assert float(listed.get_attribute("data-value")) == view["rouge"]["rougeLsum"]["mid"]["fmeasure"]
 
 
+def test_a_finished_jobs_other_metrics_equal_the_api(site, page):
+    job_id = site.jobs[1]
+    view = site.client.get(f"/evaluate/{job_id}").json()
+    open_page(page, f"{site.url}/#/jobs/{job_id}", "#scores-table [data-value]")
+    others = [name for name in view["metrics"] if name != "rouge"]
+    assert others == ["extractive", "length"]  # the server's default metrics, read from the view
+    for name in others:
+        for score, interval in view["scores"][name].items():
+            cell = page.locator(f'#scores-table [data-metric="{name}"][data-score="{score}"]').first
+            assert float(cell.get_attribute("data-value")) == interval["mid"]
+
+
 def test_the_compare_views_p_values_equal_the_api(site, page):
     a, b = site.jobs
     result = site.client.get("/compare", params={"jobs": f"{a},{b}", "metric": "rougeLsum"}).json()

@@ -43,7 +43,7 @@ def test_from_row_takes_the_fields_it_knows_and_needs_every_one(job):
 def test_the_view_shows_a_server_folder_by_name_and_metrics_once_finished(job):
     view = JobView.of(job)
     assert view.model == "demo" and view.limit == 3 and view.progress.total == 2 and view.memory.batches is None
-    assert view.baselines[0].model_dump() == {"name": "lead-3", "rouge": None, "n_scored": None}
+    assert view.baselines[0].model_dump() == {"name": "lead-3", "rouge": None, "n_scored": None, "scores": {}}
     done = dataclasses.replace(job, status="succeeded", done=2, work_s=3.0, active_s=4.0, metrics={
         "rouge": {"rouge1": {}}, "runtime_s": 2.5, "memory": {"device": "cpu", "peak_source": "none"},
         "baselines": {"lead-3": {"rouge": {"rouge1": {}}, "n_scored": 1}}})

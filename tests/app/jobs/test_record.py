@@ -76,11 +76,13 @@ def cyrillic(n: int = 2) -> list[dict]:
 
 def test_rouge_tokenizer_and_lang_are_job_fields_and_the_default_warns(make_jobs_app):
     predictions = {"column": "text", "name": "lead"}
+    rouge_only = {"metrics": ["rouge"]}  # the extractive metric warns of predictions without sources: not this test's
     with serving(make_jobs_app()) as client:
         unicode_id = client.post("/evaluate", json={"dataset": {"records": cyrillic()}, "predictions": predictions,
-                                                    "rouge": {"tokenizer": "unicode", "lang": "ru"}}).json()["id"]
+                                                    "rouge": {"tokenizer": "unicode", "lang": "ru"},
+                                                    **rouge_only}).json()["id"]
         default_id = client.post("/evaluate", json={"dataset": {"records": cyrillic()},
-                                                    "predictions": predictions}).json()["id"]
+                                                    "predictions": predictions, **rouge_only}).json()["id"]
         unicode_view, default_view = wait_for_job(client, unicode_id), wait_for_job(client, default_id)
         refused = client.post("/evaluate", json={"dataset": {"records": cyrillic()}, "predictions": predictions,
                                                  "rouge": {"lang": "ru"}})
@@ -111,3 +113,26 @@ def test_a_job_of_another_systems_predictions_scores_as_bart_opt_score(make_jobs
     assert view["rouge"] == scored["rouge"] and view["engine"] is None
     assert "system:external" in view["signature"]
     assert refused.status_code == 422 and "do not apply to a job of predictions" in refused.text
+
+
+def test_metrics_is_a_job_field_checked_once_and_the_view_shows_every_metric(make_jobs_app, write_jsonl):
+    write_jsonl("cnn.jsonl", cnn_rows(3, seed=38))
+    with serving(make_jobs_app()) as client:
+        refused = {tuple(value) if isinstance(value, list) else value: client.post(
+            "/evaluate", json={"dataset": {"file": "cnn.jsonl"}, "metrics": value})
+            for value in (["rouge", "bleu"], ["length", "length"], [], ["bertscore"], "rouge")}
+        job_id = submit(client, generation=FAST, metrics=["length"], baselines=["lead-3"])
+        view = wait_for_job(client, job_id)
+        default = wait_for_job(client, submit(client, generation=FAST))
+    for value, response in refused.items():
+        assert response.status_code == 422, value
+        assert response.json()["error"]["field"] == "metrics", response.text
+    assert "BART_OPT_BERTSCORE_MODEL" in refused[("bertscore",)].json()["error"]["message"]
+    assert view["status"] == "succeeded" and view["metrics"] == ["rouge", "length"]
+    assert set(view["scores"]) == {"rouge", "length"} and set(view["scores"]["length"]["tokens"]) == {"low", "mid", "high"}
+    assert view["scores"]["rouge"]["rouge1"]["mid"] == view["rouge"]["rouge1"]["mid"]["fmeasure"]
+    assert view["metric_settings"]["names"] == ["rouge", "length"]
+    (lead,) = view["baselines"]
+    assert set(lead["scores"]) == {"rouge", "length"}
+    assert default["metrics"] == ["rouge", "extractive", "length"]  # BART_OPT_METRICS' default
+    assert 0.0 <= default["scores"]["extractive"]["coverage"]["mid"] <= 1.0

@@ -15,6 +15,7 @@ from app.jobs.store import NewJob
 from app.worker import Kind
 from bart_opt.evaluate import score_baselines
 from bart_opt.data import iter_records, load_records
+from bart_opt.scoring.registry import MetricSettings, build_metrics, intervals
 from tests.app.helpers import FAST, articles, serving
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
     Stepper,
@@ -71,15 +72,18 @@ def test_a_job_with_a_baseline_reports_the_model_and_the_baseline_on_the_same_re
     body = {"dataset": {"file": "cnn-base.jsonl"}, "generation": FAST, "baselines": ["lead-3", "lead-3"]}
     response = app_client.post("/evaluate", json=body)
     assert response.status_code == 202, response.text
-    assert response.json()["baselines"] == [{"name": "lead-3", "rouge": None, "n_scored": None}]
+    assert response.json()["baselines"] == [{"name": "lead-3", "rouge": None, "n_scored": None, "scores": {}}]
     view = wait_for_job(app_client, response.json()["id"])
     assert view["status"] == "succeeded", view["error"]
     records = load_records(file=path)
     _, metrics = evaluate_directly(direct, records, FAST)
     assert view["rouge"] == metrics["rouge"]
     (baseline,) = view["baselines"]
-    expected = score_baselines(["lead-3"], records, direct.scorer)["lead-3"]
-    assert baseline == {"name": "lead-3", "rouge": expected["rouge"], "n_scored": 5}
+    settings = MetricSettings()  # the server's default metrics (BART_OPT_METRICS)
+    built = build_metrics(settings, direct.scorer.settings)
+    expected = score_baselines(["lead-3"], records, direct.scorer, built, settings.record(built))["lead-3"]
+    assert baseline == {"name": "lead-3", "rouge": expected["rouge"], "n_scored": 5, "scores": intervals(expected)}
+    assert set(baseline["scores"]) == {"rouge", "extractive", "length"}
     assert set(baseline["rouge"]["rouge1"]) == {"low", "mid", "high"}
     assert baseline["rouge"] != view["rouge"]  # lead-3 is not what the model wrote
     listed = app_client.get("/evaluate").json()["jobs"]

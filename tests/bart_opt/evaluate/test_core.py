@@ -157,3 +157,65 @@ def test_seen_ids_hold_long_and_odd_ids_as_digests():
 
 def test_marked_text_is_the_only_one_the_poison_touches(poisoned):
     assert MARK not in " ".join(r.text for r in hostile_records()[:6])
+
+
+class AroundTheWindows:
+    """A source read around its windows, as a Ray executor reads a job's records (`everything`), that gives
+    the texts of records by id (`texts`), as the jobs database does."""
+
+    def __init__(self, records):
+        self.records = records
+        self.asked: list[str] = []
+
+    def windows(self):
+        raise AssertionError("read around the windows")
+
+    def everything(self):
+        return ListSource(self.records).windows()
+
+    def texts(self, ids):
+        self.asked += ids
+        return {record.id: record.text for record in self.records if record.id in ids}
+
+
+class ReadsAround:
+    """An executor that reads its source through `everything` (an attribute the core forwards)."""
+
+    def __init__(self, executor):
+        self.executor = executor
+
+    def __getattr__(self, name):
+        return getattr(self.executor, name)
+
+    def run(self, source, spec, control, rouge=None):
+        class Windows:
+            def windows(self):
+                return source.everything()
+
+        return self.executor.run(Windows(), spec, control, rouge)
+
+
+def test_rows_with_rouge_get_the_other_metrics_scored_against_their_source(poisoned):
+    from bart_opt.scoring.base import Example
+    from bart_opt.scoring.extractive import ExtractiveMetric
+    from bart_opt.scoring.length import LengthMetric
+
+    records = hostile_records()
+    metrics = [ExtractiveMetric(), LengthMetric()]
+    sink = run(SummarizerExecutor(poisoned), records, metrics=metrics)
+    by_id = {record.id: record for record in reversed(records)}  # the first of a repeated id is the one that ran
+    for record_id, row in sink.rows.items():
+        if row["rouge"] is None:
+            assert "scores" not in row  # refused or failed: scored by nothing, as by ROUGE
+            continue
+        example = Example(row["prediction"], row["reference"], by_id[record_id].text)
+        assert row["scores"] == {"extractive": metrics[0].score([example])[0],
+                                 "length": metrics[1].score([example])[0]}
+
+    source = AroundTheWindows(records[:3])
+    sink_around = MemorySink(())
+    evaluate_records(source, sink_around, ReadsAround(SummarizerExecutor(poisoned)),
+                     poisoned.generation_spec(GEN), metrics=metrics)
+    assert sorted(source.asked) == ["r0", "r1", "r2"]
+    assert {k: row["scores"] for k, row in sink_around.rows.items()} == {
+        k: sink.rows[k]["scores"] for k in sink_around.rows}

@@ -37,6 +37,6 @@ def report_runs(demo_checkpoint, tmp_path_factory) -> dict[str, Path]:
         "lead": ["--model", "lead-3", "--data", str(data)],
         "other": ["--model", "lead-3", "--data", str(other)],
     }
-    for name, args in argv.items():
-        assert main(["evaluate", *args, "--out", str(runs[name])]) == 0
+    for name, args in argv.items():  # ROUGE only: the tests add the other metrics they need by hand
+        assert main(["evaluate", *args, "--metrics", "rouge", "--out", str(runs[name])]) == 0
     return runs

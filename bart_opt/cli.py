@@ -17,6 +17,9 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from bart_opt import cluster
+from bart_opt.cli_io import (
+    FORMATS, CliError, finish_tracking, format_option, print_metrics, start_tracking, tracking_options,
+)
 from bart_opt.errors import InvalidRequest
 from bart_opt.extras import MissingExtra, require
 from bart_opt.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
@@ -33,10 +36,6 @@ RANDOM_WARNING = (
     "note: this checkpoint has random weights; its summaries are meaningless. "
     "Use it to test the pipeline, not to judge summaries."
 )
-
-
-class CliError(Exception):
-    """A problem with the user's input, printed as one line."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -123,12 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--summary-column", default="highlights", help="default: highlights")
     evaluate.add_argument("--id-column", default="id", help="default: id (row numbers when absent)")
     evaluate.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    _format_option(evaluate)
+    format_option(evaluate)
     _rouge_options(evaluate)
     _metric_options(evaluate)
     _generation_options(evaluate)
     cluster.add_cli_args(evaluate)
-    _tracking_options(evaluate)
+    tracking_options(evaluate)
     evaluate.set_defaults(func=cmd_evaluate)
 
     score = sub.add_parser("score", help="score another system's predictions (JSONL, JSON, CSV or Parquet) into a "
@@ -144,10 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="default: reference (a string, or a list of strings for several references)")
     score.add_argument("--name", help="how reports name the system (default: the file's name without extension)")
     score.add_argument("--overwrite", action="store_true", help="replace another run in --out")
-    _format_option(score)
+    format_option(score)
     _rouge_options(score)
     _metric_options(score)
-    _tracking_options(score)
+    tracking_options(score)
     score.set_defaults(func=cmd_score)
 
     compare = sub.add_parser("compare", help="compare evaluate runs on the same dataset, with significance tests")
@@ -205,33 +204,6 @@ class _Renamed(argparse.Action):
         new = "--" + self.dest.replace("_", "-")
         print(f"bart-opt: warning: {option_string} is now {new}; the old spelling still works", file=sys.stderr)
         setattr(namespace, self.dest, values)
-
-
-FORMATS = ("text", "json", "markdown", "csv", "latex")  # bart_opt.report.tables.FORMATS, without importing tabulate
-
-
-def _format_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--format", choices=FORMATS,
-                        help="print the scores on stdout as one table (a row per system, a column per metric score: "
-                             "the mean [95%% interval]) in text, markdown, csv or latex, or the metrics as JSON "
-                             "(default: the metrics as JSON on stdout and the ROUGE lines on stderr)")
-
-
-def print_metrics(metrics: dict, fmt: str | None, ensure_ascii: bool = True) -> None:
-    """A run's metrics as `fmt` asks (`bart_opt.report.tables`); no `fmt`: the JSON on stdout and the ROUGE
-    lines on stderr."""
-    if fmt is None or fmt == "json":
-        print(json.dumps(metrics, indent=2, ensure_ascii=ensure_ascii))
-        if fmt is None:
-            print(rouge_lines(metrics), file=sys.stderr)
-        return
-    from bart_opt.report.tables import render, score_table, systems
-
-    table = score_table(systems(metrics))
-    print(render(table, fmt))
-    if fmt == "csv":  # a CSV holds the signatures in a column, and nothing else
-        for note in table.notes:
-            print(note, file=sys.stderr)
 
 
 def _rouge_options(parser: argparse.ArgumentParser) -> None:
@@ -302,44 +274,6 @@ def _generation_options(parser: argparse.ArgumentParser) -> None:
 
 
 _EARLY_STOPPING = {str(value).lower(): value for value in EARLY_STOPPING}  # "true" -> True, "never" -> "never"
-
-
-def _tracking_options(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("experiment tracking (pip install 'bart-opt[tracking]')")
-    group.add_argument("--mlflow", metavar="URI",
-                       help="log the run to MLflow at URI (http://HOST:PORT, sqlite:///PATH, ...; default: "
-                            "MLFLOW_TRACKING_URI when set, else no tracking); experiment: MLFLOW_EXPERIMENT_NAME, "
-                            "else bart-opt")
-
-
-def start_tracking(args: argparse.Namespace):
-    """The command's `bart_opt.tracking.MlflowRun` for its ``--out``, started (None without ``--mlflow`` or
-    ``MLFLOW_TRACKING_URI``); a tracker that cannot be used is a `CliError` before any work."""
-    from bart_opt.tracking import MlflowRun, TrackingError, tracking_uri
-
-    uri = tracking_uri(args.mlflow)
-    if uri is None:
-        return None
-    try:
-        run = MlflowRun.for_folder(uri, args.out, args.command, on_warning=lambda message: print(
-            f"bart-opt {args.command}: warning: {message}", file=sys.stderr))
-    except TrackingError as error:
-        raise CliError(str(error)) from None
-    print(f"bart-opt {args.command}: logging to MLflow at {run.shown_uri} (experiment {run.experiment_id}, "
-          f"run {run.run_id})", file=sys.stderr)
-    return run
-
-
-def finish_tracking(run, args: argparse.Namespace) -> None:
-    """Log the finished run folder (``--out``) to the command's MLflow run, if any (a failure is a warning)."""
-    if run is None:
-        return
-    failed = run.finish(args.out)
-    if failed is None:
-        print(f"bart-opt {args.command}: logged run {run.run_id} to MLflow", file=sys.stderr)
-    else:
-        print(f"bart-opt {args.command}: warning: MLflow at {run.shown_uri}: run {run.run_id} could not be logged "
-              f"({failed}); {args.out} is complete: rerun the same command to log it again", file=sys.stderr)
 
 
 def generation_kwargs(args: argparse.Namespace) -> dict:
@@ -560,35 +494,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     for path in written:
         print(path)
     return 0
-
-
-ROUGE_LABELS = {"rouge1": "R1", "rouge2": "R2", "rougeL": "RL", "rougeLsum": "RLsum"}
-
-
-def rouge_lines(metrics: dict) -> str:
-    """The F-measures of a run and of its baselines, one line each (``R1 45.10 [43.02-47.31] ...``: the
-    mean over examples and the 95% bootstrap interval), each run's signature and the warnings."""
-    runs = [(metrics["model"], metrics)]
-    runs += list(metrics.get("baselines", {}).items())
-    width = max(len(name) for name, _ in runs)
-    lines = [f"ROUGE F1, mean over examples [95% bootstrap interval], {metrics['n_scored']} of {metrics['n_obs']} "
-             "records scored:"]
-    for name, run in runs:
-        rouge = run["rouge"]
-        if rouge is None:
-            lines.append(f"  {name:<{width}}  no references to score")
-        else:
-            cells = [_rouge_cell(label, rouge[key]) for key, label in ROUGE_LABELS.items() if key in rouge]
-            lines.append(f"  {name:<{width}}  " + "  ".join(cells))
-    lines += [f"  signature {name}: {run['signature']}" for name, run in runs if run.get("signature")]
-    warnings = dict.fromkeys(w for _, run in runs for w in run.get("warnings", ()))
-    lines += [f"warning: {warning}" for warning in warnings]
-    return "\n".join(lines)
-
-
-def _rouge_cell(label: str, interval: dict) -> str:
-    low, mid, high = (interval[bound]["fmeasure"] for bound in ("low", "mid", "high"))
-    return f"{label} {mid:5.2f} [{low:.2f}-{high:.2f}]"
 
 
 def cmd_demo_model(args: argparse.Namespace) -> int:

@@ -21,13 +21,15 @@ from __future__ import annotations
 import importlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.rouge import RougeSettings
 from bart_opt.scoring import extractive
 from bart_opt.scoring.base import Metric
 from bart_opt.scoring.length import word_tokenizer
+
+if TYPE_CHECKING:  # bart_opt.rouge imports rouge-score and nltk: not for the command line's parser
+    from bart_opt.rouge import RougeSettings
 
 NAMES = ("rouge", "extractive", "length", "bertscore", "consistency")
 DEFAULT = ("rouge", "extractive", "length")

@@ -5,8 +5,11 @@ run's metrics (`print_metrics`: JSON and the ROUGE lines, or one table in a ``--
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+import tempfile
+from pathlib import Path
 
 
 class CliError(Exception):
@@ -69,15 +72,28 @@ def start_tracking(args: argparse.Namespace):
 
 
 def finish_tracking(run, args: argparse.Namespace) -> None:
-    """Log the finished run folder (``--out``) to the command's MLflow run, if any (a failure is a warning)."""
+    """Log the finished run folder (``--out``) to the command's MLflow run, if any, with the run's plots
+    (`bart_opt.report.plots`, where matplotlib is installed: the report extra); a failure is a warning."""
     if run is None:
         return
-    failed = run.finish(args.out)
+    with tempfile.TemporaryDirectory(prefix="bart-opt-plots-") as plots:
+        failed = run.finish(args.out, run_plots(args.out, plots))
     if failed is None:
         print(f"bart-opt {args.command}: logged run {run.run_id} to MLflow", file=sys.stderr)
     else:
         print(f"bart-opt {args.command}: warning: MLflow at {run.shown_uri}: run {run.run_id} could not be logged "
               f"({failed}); {args.out} is complete: rerun the same command to log it again", file=sys.stderr)
+
+
+def run_plots(folder: str | Path, out: str | Path) -> list[Path]:
+    """The plots of one run folder (`bart_opt.report.plots.write_plots`) written into `out`; none without
+    matplotlib (the report extra), which tracking does not require."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    from bart_opt.report.plots import write_plots
+    from bart_opt.report.runs import load_report_runs
+
+    return write_plots(load_report_runs([folder]), out)
 
 
 ROUGE_LABELS = {"rouge1": "R1", "rouge2": "R2", "rougeL": "RL", "rougeLsum": "RLsum"}

@@ -25,8 +25,8 @@ resumed ones included; step: the same count) and ``progress.fraction``, at most 
   ``rouge1_low``, ``rouge1_high``: ROUGE's F-measure; any other metric of metrics.json as
   ``<name>.<score>``, ``_low``, ``_high``; a baseline's the same under its name: ``lead-3.rouge1``), and the counts and times (``n_scored``,
   ``runtime_s``, ``tokens.input``, ``memory.peak_bytes``, ...);
-- artifacts: predictions.jsonl, metrics.json and run.json, and the paths given as `extra_artifacts`
-  (a report's plots).
+- artifacts: predictions.jsonl, metrics.json and run.json, and the paths given as `extra_artifacts` (the
+  run's plots, which the CLI makes with `bart_opt.report.plots` where matplotlib is installed) under ``plots/``.
 
 Tracking never loses an evaluation: once the run has started, a failure is a warning (`on_warning`
 for progress) or a reason returned (`finish`), never an exception, and the run folder is complete
@@ -54,6 +54,7 @@ DEFAULT_EXPERIMENT = "bart-opt"
 CHECK_TIMEOUT_S = 10
 PROGRESS_EVERY_S = 2.0
 ARTIFACTS = ("predictions.jsonl", "metrics.json", "run.json")
+PLOTS = "plots"  # the artifact folder of the run's plots (`extra_artifacts`)
 INSTALL = "pip install 'bart-opt[tracking]'"
 
 # metrics.json keys that are not aggregates: settings, records, and ROUGE (read on its own, its bounds outermost).
@@ -153,7 +154,7 @@ class MlflowRun:
 
     def finish(self, folder: str | Path, extra_artifacts: Sequence[str | Path] = ()) -> str | None:
         """Log the finished run folder's params, metrics and artifacts (predictions.jsonl, metrics.json,
-        run.json, then `extra_artifacts`: the single hook for a report's plots) and end the run. Returns
+        run.json, then `extra_artifacts` under ``plots/``: the run's plots) and end the run. Returns
         None once it all went, else why not (the run is then ended as ``FAILED``): never raises, since
         the folder itself is complete whatever MLflow does."""
         folder = Path(folder)
@@ -182,9 +183,10 @@ class MlflowRun:
             self.client.log_batch(self.run_id, params=params[start:start + 100])
         for start in range(0, len(points), 1000):  # and at most 1000 metrics
             self.client.log_batch(self.run_id, metrics=points[start:start + 1000])
-        files = [folder / name for name in ARTIFACTS if (folder / name).is_file()]
-        for path in files + [Path(p) for p in extra_artifacts]:
+        for path in [folder / name for name in ARTIFACTS if (folder / name).is_file()]:
             self.client.log_artifact(self.run_id, str(path))
+        for path in extra_artifacts:  # the run's plots
+            self.client.log_artifact(self.run_id, str(path), PLOTS)
 
     def end(self, status: str) -> None:
         """End the run with `status` (``FAILED``, ``KILLED``). A failure to say so leaves the run ``RUNNING`` in

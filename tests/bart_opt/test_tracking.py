@@ -143,7 +143,11 @@ def test_evaluate_logs_its_run_to_a_real_tracking_server(mlflow_server, demo_che
     assert [point.step for point in progress] == sorted(point.step for point in progress)
 
     assert {item.path for item in client.list_artifacts(run.info.run_id)} == {"predictions.jsonl", "metrics.json",
-                                                                            "run.json"}
+                                                                            "run.json", "plots"}
+    plots = {item.path for item in client.list_artifacts(run.info.run_id, "plots")}
+    assert {"plots/scores-rouge.png", "plots/scores-rouge.svg", "plots/batches.png"} <= plots, plots
+    png = Path(client.download_artifacts(run.info.run_id, "plots/scores-rouge.png", str(tmp_path)))
+    assert png.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
     downloaded = client.download_artifacts(run.info.run_id, "predictions.jsonl", str(tmp_path))
     assert Path(downloaded).read_bytes() == (out / "predictions.jsonl").read_bytes()
 

@@ -245,7 +245,8 @@ def metric_settings(args: argparse.Namespace, rouge):
 
 
 def rouge_settings(args: argparse.Namespace):
-    """The command's `bart_opt.pipeline.rouge.RougeSettings`; `InvalidRequest` naming ``rouge_tokenizer`` or ``rouge_lang``."""
+    """The command's `bart_opt.pipeline.rouge.RougeSettings`; `InvalidRequest` naming ``rouge_tokenizer`` or
+    ``rouge_lang``."""
     from bart_opt.pipeline.rouge import RougeSettings
 
     try:

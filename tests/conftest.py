@@ -34,7 +34,8 @@ pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in th
 # 2-core Xeon, against 575-630 s in one process.
 WORKERS = 2
 # Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
-RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/device/test_engine.py", "tests/bart_opt/test_distributed.py"}
+RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/device/test_engine.py",
+             "tests/bart_opt/test_distributed.py"}
 # Test files that share the published fidelity batch (tests/bart_opt/conftest.py, `published_batch`): one worker
 # computes transformers' outputs for it once per dtype instead of once per file.
 AGREEMENT_FILES = {"tests/bart_opt/engine/test_fidelity.py", "tests/bart_opt/engine/test_el_attention.py",

@@ -28,8 +28,10 @@ def test_the_long_runs_name_files_and_tests_that_exist():
     for nodeid in LONG_TESTS:
         path, name = nodeid.split("::")
         assert f"def {name}(" in (REPO / path).read_text(), nodeid
-    assert is_long("tests/docker/test_image.py::test_x", ()) and is_long("tests/app/device/test_engine.py::t", ["ray_cluster"])
-    assert not is_long("tests/app/device/test_engine.py::t", ["engine"]) and not is_long("tests/bart_opt/engine/test_model.py::t", ())
+    assert is_long("tests/docker/test_image.py::test_x", ())
+    assert is_long("tests/app/device/test_engine.py::t", ["ray_cluster"])
+    assert not is_long("tests/app/device/test_engine.py::t", ["engine"])
+    assert not is_long("tests/bart_opt/engine/test_model.py::t", ())
 
 
 def test_the_agreement_files_exist_and_form_one_group():

@@ -34,7 +34,8 @@ class JobEngine(Protocol):
 
     @property
     def state(self) -> str:
-        """``loading``, ``ready``, ``failed``, ``dead``, ``stopping`` or ``stopped`` (`app.device.worker.State`'s values)."""
+        """``loading``, ``ready``, ``failed``, ``dead``, ``stopping`` or ``stopped``
+        (`app.device.worker.State`'s values)."""
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the model is loaded (True) or loading failed or timed out (False)."""

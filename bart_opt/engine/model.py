@@ -225,7 +225,8 @@ class Bart(LoggingMixin, nn.Module):
         self.decoder = Decoder(config)
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
         self.quantize: str | None = None  # "int8" once `bart_opt.engine.quantize` quantized it (at load)
-        self.vocab_int8 = None  # the tied embedding quantized (`bart_opt.engine.quantize.Int8Vocabulary`): `shared` is gone
+        # The tied embedding quantized (`bart_opt.engine.quantize.Int8Vocabulary`): `shared` is gone.
+        self.vocab_int8 = None
         # The dtype of the default search's attention state (cross keys/values, self-attention cache); None: the
         # model's. The int8 mode sets it (`bart_opt.engine.quantize.attention_state_dtype`).
         self.state_dtype: torch.dtype | None = None
@@ -284,7 +285,8 @@ class Bart(LoggingMixin, nn.Module):
 
     @property
     def el_attention(self) -> bool:
-        """Whether `generate` runs cross-attention as EL-attention (`bart_opt.engine.el_attention`); not with `exact`."""
+        """Whether `generate` runs cross-attention as EL-attention (`bart_opt.engine.el_attention`); not with
+        `exact`."""
         return self._el_attention
 
     @el_attention.setter

@@ -76,7 +76,8 @@ class PackedScores(Sequence):
 
 class Coverage:
     """What the tokenizer kept of the scored texts: letters and digits in all, kept, and the texts of
-    which it dropped most (`MOSTLY_DROPPED`), predictions and references apart (`bart_opt.pipeline.rouge_text.coverage`)."""
+    which it dropped most (`MOSTLY_DROPPED`), predictions and references apart
+    (`bart_opt.pipeline.rouge_text.coverage`)."""
 
     def __init__(self, tokenizer: str):
         self.tokenizer = tokenizer

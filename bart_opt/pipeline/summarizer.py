@@ -162,7 +162,8 @@ class Summarizer:
 
     @property
     def fingerprint(self):
-        """The `bart_opt.engine.fingerprint.Fingerprint` of the checkpoint loaded (None for a model not loaded from files)."""
+        """The `bart_opt.engine.fingerprint.Fingerprint` of the checkpoint loaded (None for a model not loaded
+        from files)."""
         return self.model.fingerprint
 
     def engine_record(self) -> dict:

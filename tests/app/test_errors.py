@@ -126,7 +126,8 @@ def test_every_kind_of_domain_error_has_a_status_and_the_table_lists_only_kinds(
 # ---- the domain speaks no HTTP ------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-DOMAIN = [*(path for package in ("jobs", "device", "summarize") for path in sorted((REPO / "app" / package).rglob("*.py"))),
+DOMAIN = [*(path for package in ("jobs", "device", "summarize")
+            for path in sorted((REPO / "app" / package).rglob("*.py"))),
           *(REPO / "app" / name for name in ("compare.py", "domain_errors.py"))]
 HTTP = ("fastapi", "starlette", "app.errors")
 

@@ -198,7 +198,8 @@ def test_a_fake_engine_that_always_raises_fails_the_job_with_the_first_reasons(r
 
 
 def test_the_jobs_package_loads_no_concrete_engine_worker_metrics_settings_or_http():
-    concrete = ("app.device.engine", "app.device.worker", "app.metrics", "app.settings", "app.errors", "fastapi", "starlette")
+    concrete = ("app.device.engine", "app.device.worker", "app.metrics", "app.settings", "app.errors", "fastapi",
+                "starlette")
     code = ("import sys, app.jobs, app.jobs.config, app.jobs.runner, app.jobs.service; "
             f"print([name for name in {concrete!r} if name in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,

@@ -16,7 +16,14 @@ import bart_opt.engine.fingerprint as fingerprints
 import bart_opt.engine.loading as loading
 from bart_opt import Bart
 from bart_opt.errors import CheckpointError
-from bart_opt.engine.fingerprint import CheckpointMismatch, DigestCache, FileChanged, FileWatch, check_fingerprint, fingerprint
+from bart_opt.engine.fingerprint import (
+    CheckpointMismatch,
+    DigestCache,
+    FileChanged,
+    FileWatch,
+    check_fingerprint,
+    fingerprint,
+)
 from bart_opt.pipeline.summarizer import Summarizer
 
 IDENTITY = ("model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json")

@@ -10,7 +10,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 import torch
 
-from bart_opt.pipeline.batching import collate, fixed_batches, pipelined, plan_batches, run_with_oom_split, trim_pad_columns
+from bart_opt.pipeline.batching import (
+    collate,
+    fixed_batches,
+    pipelined,
+    plan_batches,
+    run_with_oom_split,
+    trim_pad_columns,
+)
 
 
 class FakeOOM(RuntimeError):

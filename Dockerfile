@@ -28,7 +28,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH
 
-# g++ and the Python headers build the fast mode's CPU attention kernel on first use (bart_opt/csrc;
+# g++ and the Python headers build the fast mode's CPU attention kernel on first use (bart_opt/engine/csrc;
 # without them the fast mode falls back to torch's kernel). The PyTorch image's python has its headers;
 # Debian's are in libpython3-dev.
 RUN packages=g++; \

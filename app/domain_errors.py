@@ -1,6 +1,6 @@
 """What the service's domain refuses or cannot do, as typed errors that speak no HTTP.
 
-The jobs (`app.jobs`) and the summarize core (`app.engine`, `app.summarize_service`) raise these;
+The jobs (`app.jobs`) and the summarize core (`app.device.engine`, `app.summarize.service`) raise these;
 `app.errors` alone maps each kind to a status code and the error body, so changing a code, or
 using jobs without HTTP, touches no domain code. Every error carries a stable machine-readable
 ``code``, a ``message`` for people (no server path, no exception class name), the ``field`` at

@@ -1,11 +1,11 @@
 """The FastAPI application: ``create_app(settings)``, and ``app`` for ``uvicorn app.main:app``.
 
 Nothing heavy happens at import: ``app`` is built from the environment's settings. The app's
-lifespan builds the one :class:`app.engine.Engine` (the model, loaded on the device worker's
+lifespan builds the one :class:`app.device.engine.Engine` (the model, loaded on the device worker's
 thread, and the worker) and the two services it is injected into. Shared objects live on
 ``app.state``: ``settings`` and ``metrics`` (:class:`app.metrics.Metrics`, extra series through
 ``metrics.gauge``) from the start; ``engine``, ``service``
-(:class:`app.summarize_service.SummarizeService`) and ``jobs`` (:class:`app.jobs.JobService`,
+(:class:`app.summarize.service.SummarizeService`) and ``jobs`` (:class:`app.jobs.JobService`,
 the evaluation jobs, resumed when the app starts) while the lifespan runs.
 Every router but health's and the dashboard's (a page and its scripts, no data) is included
 with the API-key dependency; ``GET /auth`` checks the key and nothing else (the dashboard's
@@ -29,11 +29,11 @@ from app.hosts import AllowedHosts, HostCheckMiddleware
 from app.middleware import (
     BodyLimitMiddleware, CatchAllMiddleware, RequestContextMiddleware, SecurityHeadersMiddleware, TimeLimitMiddleware,
 )
-from app.engine import Engine, SummarizerLoader, load_summarizer
+from app.device.engine import Engine, SummarizerLoader, load_summarizer
 from app.routes import auth, compare, dashboard, evaluate, examples, health, metrics, options, summarize
 from app.security import require_api_key
 from app.settings import Settings
-from app.summarize_service import SummarizeService
+from app.summarize.service import SummarizeService
 
 
 def create_app(settings: Settings | None = None, *, load: SummarizerLoader = load_summarizer) -> FastAPI:

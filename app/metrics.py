@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from bart_opt.memory import rss_bytes
+from bart_opt.engine.memory import rss_bytes
 
 PREFIX = "bart_opt_"
 
@@ -82,8 +82,8 @@ class Metrics:
         self.rss.set_function(rss_bytes)
         self.static_graphs = Gauge(
             f"{PREFIX}static_graphs",
-            "The static search's CUDA graphs (bart_opt.graphs.StepGraphs): graphs held, captures since the model "
-            "loaded, capture seconds, their memory pool's bytes and the persistent buffers' bytes; 0 without graphs.",
+            "The static search's CUDA graphs (bart_opt.engine.graphs.StepGraphs): graphs held, captures since the "
+            "model loaded, capture seconds, their memory pool's bytes and the persistent buffers' bytes; 0 without graphs.",
             ["figure"],
             registry=r,
         )

@@ -201,7 +201,7 @@ class TimeLimitMiddleware:
     - The body must be complete within `body_timeout` seconds, else 408 and the connection is
       closed (a client trickling its body in cannot hold a connection and a handler for long).
     - The answer must start within `request_timeout` seconds, else the handler is cancelled
-      (which cancels the request's work: see `app.summarize_service`) and the answer is 504. Once the
+      (which cancels the request's work: see `app.summarize.service`) and the answer is 504. Once the
       answer has started (a streamed body), the deadline no longer applies.
 
     An answer that starts before the body was read completely says ``Connection: close``, so the

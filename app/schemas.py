@@ -9,8 +9,8 @@ from pydantic import (
     field_validator,
 )
 
-from bart_opt.rouge_text import TOKENIZERS
-from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
+from bart_opt.pipeline.rouge_text import TOKENIZERS
+from bart_opt.engine.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 RougeScores = dict[str, dict[str, float]]
 """Per-item ROUGE: ``{"rouge1": {"precision", "recall", "fmeasure"}, ...}`` on a 0-100 scale."""
@@ -41,7 +41,7 @@ def _early_stopping(value: object) -> bool | str:
 
 
 class OptionView(BaseModel):
-    """One generation option a request may set (`bart_opt.spec.REQUEST_OPTIONS`): ``type`` is
+    """One generation option a request may set (`bart_opt.engine.spec.REQUEST_OPTIONS`): ``type`` is
     ``integer`` (at least ``minimum``), ``number`` or ``choice`` (one of ``choices``)."""
 
     name: str
@@ -81,7 +81,7 @@ class _GenerationOptions(BaseModel):
     and every rule between them are checked once, by `bart_opt.GenerationSpec.resolve`, whose
     error comes back as a 422 naming the option. Lengths count the decoder start token, as in
     transformers; ``max_new_tokens`` / ``min_new_tokens`` take precedence over ``max_length`` /
-    ``min_length`` (transformers 5's semantics). The options are `bart_opt.spec.REQUEST_OPTIONS`.
+    ``min_length`` (transformers 5's semantics). The options are `bart_opt.engine.spec.REQUEST_OPTIONS`.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -101,7 +101,7 @@ GenerationOptions = create_model(
 
 class RougeOptions(BaseModel):
     """A job's ROUGE settings (absent or null: the server's ``BART_OPT_ROUGE_TOKENIZER`` / ``BART_OPT_ROUGE_LANG``),
-    checked once by `bart_opt.rouge.RougeSettings` (a 422 naming ``rouge.tokenizer`` or ``rouge.lang``)."""
+    checked once by `bart_opt.pipeline.rouge.RougeSettings` (a 422 naming ``rouge.tokenizer`` or ``rouge.lang``)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -234,9 +234,9 @@ class SummarizeResponse(BaseModel):
 
 
 class StaticGraphs(BaseModel):
-    """The static search's CUDA graphs on the loaded model (`bart_opt.graphs.StepGraphs`)."""
+    """The static search's CUDA graphs on the loaded model (`bart_opt.engine.graphs.StepGraphs`)."""
 
-    graphs: int = Field(description="Graphs held (at most bart_opt.graphs.MAX_GRAPHS).")
+    graphs: int = Field(description="Graphs held (at most bart_opt.engine.graphs.MAX_GRAPHS).")
     captures: int = Field(description="Graphs captured since the model loaded.")
     capture_s: float = Field(description="Seconds spent capturing them.")
     pool_bytes: int = Field(description="Device memory the captures reserved for the graphs' shared pool.")

@@ -21,9 +21,9 @@ from app.jobs.config import COMPONENTS, JobsConfig
 from bart_opt.cluster import ClusterOptions
 from bart_opt.compare import MAX_RESAMPLES
 from bart_opt.errors import InvalidRequest
-from bart_opt.options import EngineOptions, OptionConflict
-from bart_opt.readers import DEFAULT_MAX_LINE_BYTES
-from bart_opt.rouge import RougeSettings
+from bart_opt.engine.options import EngineOptions, OptionConflict
+from bart_opt.pipeline.readers import DEFAULT_MAX_LINE_BYTES
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.scoring.registry import DEFAULT as DEFAULT_METRICS
 from bart_opt.scoring.registry import NAMES as METRIC_NAMES
 from bart_opt.scoring.registry import MetricSettings
@@ -74,7 +74,7 @@ class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), Clus
     """Everything the service can be told; each field is also ``BART_OPT_<NAME>`` in the environment.
 
     The engine's fields (model, device, dtype, exact, fast, static, budgets, max_beams, torch_threads,
-    count_cpu_tensors) come from `bart_opt.options.EngineOptions`; `engine_options` gives them back
+    count_cpu_tensors) come from `bart_opt.engine.options.EngineOptions`; `engine_options` gives them back
     as that value. The jobs' components (`app.jobs.config.COMPONENTS`: the database pool, the runner,
     the intake limits) and the Ray options (`bart_opt.cluster.ClusterOptions`, ``ray_*``) give theirs
     (`component_settings`); `component`, `cluster_options` and `jobs_config` build them back.
@@ -281,7 +281,7 @@ class Settings(component_settings(engine_settings(), (*COMPONENTS.values(), Clus
 def setting_name(field: str) -> str:
     """The environment variable of settings field `field`, as pydantic-settings reads it (the prefix of
     `Settings.model_config`): ``exact`` -> ``BART_OPT_EXACT``. The service's one spelling of an option, in
-    every refusal (`bart_opt.options.OptionConflict.naming`)."""
+    every refusal (`bart_opt.engine.options.OptionConflict.naming`)."""
     return f"{Settings.model_config['env_prefix']}{field.upper()}"
 
 

@@ -8,7 +8,7 @@ starting: each fault disables one thing, which the message names.
 - ``data_dir_missing``: ``BART_OPT_DATA_DIR`` is not a folder, so every job on a file is refused.
 
 A folder is shown in ``/ready`` (open without the API key) the way the model is
-(`app.engine.shown_model`: a relative path as given, an absolute one by its last part); the log
+(`app.device.engine.shown_model`: a relative path as given, an absolute one by its last part); the log
 has the whole path.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from app.engine import shown_model
+from app.device.engine import shown_model
 from app.settings import Settings
 
 logger = logging.getLogger("app.startup")

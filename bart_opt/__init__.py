@@ -3,7 +3,7 @@
 from importlib.metadata import PackageNotFoundError, version
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.spec import GenerationSpec
+from bart_opt.engine.spec import GenerationSpec
 
 try:
     __version__ = version("bart-opt")  # the one version: pyproject's, through the package metadata
@@ -17,11 +17,11 @@ def __getattr__(name):
     # The model pulls in torch and the pipeline tokenizers and ROUGE: load them only when asked for,
     # so that `bart-opt --help` and `--version` start without torch.
     if name == "Bart":
-        from bart_opt.model import Bart
+        from bart_opt.engine.model import Bart
 
         return Bart
     if name == "Summarizer":
-        from bart_opt.summarizer import Summarizer
+        from bart_opt.pipeline.summarizer import Summarizer
 
         return Summarizer
     raise AttributeError(f"module 'bart_opt' has no attribute {name!r}")

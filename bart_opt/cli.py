@@ -22,8 +22,8 @@ from bart_opt.cli_io import (
 )
 from bart_opt.errors import InvalidRequest
 from bart_opt.extras import MissingExtra, require
-from bart_opt.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
-from bart_opt.spec import EARLY_STOPPING, REQUEST_OPTIONS
+from bart_opt.engine.options import OptionConflict, add_cli_args, cli_flag, from_cli_args
+from bart_opt.engine.spec import EARLY_STOPPING, REQUEST_OPTIONS
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -72,9 +72,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _validate_engine_options(args: argparse.Namespace) -> None:
     """Refuse engine flags that exclude each other (``--exact --static``), or a device this machine lacks,
-    before any record or weight is read (`bart_opt.options.EngineOptions.validate`; with ``--ray`` only
+    before any record or weight is read (`bart_opt.engine.options.EngineOptions.validate`; with ``--ray`` only
     what holds on every machine: each replica checks its own)."""
-    from bart_opt.baselines import is_baseline
+    from bart_opt.pipeline.baselines import is_baseline
 
     if hasattr(args, "exact") and not is_baseline(args.model):
         from_cli_args(args).validate(here=getattr(args, "ray", None) is None)
@@ -207,7 +207,7 @@ class _Renamed(argparse.Action):
 
 
 def _rouge_options(parser: argparse.ArgumentParser) -> None:
-    from bart_opt.rouge_text import TOKENIZERS
+    from bart_opt.pipeline.rouge_text import TOKENIZERS
 
     group = parser.add_argument_group("ROUGE (docs/evaluation.md#rouge-in-any-language)")
     group.add_argument("--rouge-tokenizer", choices=TOKENIZERS, default="default",
@@ -245,8 +245,9 @@ def metric_settings(args: argparse.Namespace, rouge):
 
 
 def rouge_settings(args: argparse.Namespace):
-    """The command's `bart_opt.rouge.RougeSettings`; `InvalidRequest` naming ``rouge_tokenizer`` or ``rouge_lang``."""
-    from bart_opt.rouge import RougeSettings
+    """The command's `bart_opt.pipeline.rouge.RougeSettings`; `InvalidRequest` naming ``rouge_tokenizer`` or
+    ``rouge_lang``."""
+    from bart_opt.pipeline.rouge import RougeSettings
 
     try:
         return RougeSettings(tokenizer=args.rouge_tokenizer, lang=args.rouge_lang)
@@ -285,8 +286,8 @@ def generation_kwargs(args: argparse.Namespace) -> dict:
 
 
 def load_summarizer(args: argparse.Namespace):
-    """The `Summarizer` of the command's model options (`bart_opt.options.EngineOptions`)."""
-    from bart_opt.summarizer import Summarizer
+    """The `Summarizer` of the command's model options (`bart_opt.engine.options.EngineOptions`)."""
+    from bart_opt.pipeline.summarizer import Summarizer
 
     return Summarizer.from_options(from_cli_args(args))
 
@@ -316,7 +317,7 @@ def read_jsonl_texts(lines: Iterable[str], source: str, text_field: str) -> tupl
 
 def cmd_summarize(args: argparse.Namespace) -> int:
     """Summarize JSONL texts and print one JSON line per text, in input order."""
-    from bart_opt.baselines import baseline_summary, is_baseline
+    from bart_opt.pipeline.baselines import baseline_summary, is_baseline
 
     if args.input == "-":
         ids, texts = read_jsonl_texts(sys.stdin, "stdin", args.text_column)
@@ -354,8 +355,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     ``--model lead-3`` evaluates the baseline itself (CPU, no checkpoint);
     ``--baselines lead-3`` scores the baseline beside a model on the same records.
     """
-    from bart_opt.baselines import check_baselines, is_baseline
-    from bart_opt.data import load_records
+    from bart_opt.pipeline.baselines import check_baselines, is_baseline
+    from bart_opt.pipeline.data import load_records
     from bart_opt.evaluate import FailureStreak, run_baseline_evaluation, run_evaluation
     from bart_opt.evaluate.stored import check_run_folder
 
@@ -415,7 +416,7 @@ def evaluate_on_ray(args: argparse.Namespace, records: list, source: str, baseli
             raise
         raise CliError("--ray needs Ray: pip install 'bart-opt[ray]'") from None
     from bart_opt.evaluate import run_evaluation
-    from bart_opt.loading import resolve_checkpoint
+    from bart_opt.engine.loading import resolve_checkpoint
 
     for option, instead in (("device", "replicas run on a GPU with --gpus-per-replica, else on the CPU"),
                             ("torch_threads", "give replicas threads with --threads-per-replica")):

@@ -6,8 +6,8 @@ does I/O except `load_run`, which reads a run folder.
 
 - Runs must cover the same examples: the same id set and, per id, the same reference. Anything
   else raises `RunMismatch` naming what differs.
-- Runs must be scored the same way: their recorded ROUGE settings (`bart_opt.rouge.RougeSettings`, in
-  ``info["rouge_settings"]``) must agree on every field that changes a score (`bart_opt.rouge.SCORE_FIELDS`:
+- Runs must be scored the same way: their recorded ROUGE settings (`bart_opt.pipeline.rouge.RougeSettings`, in
+  ``info["rouge_settings"]``) must agree on every field that changes a score (`bart_opt.pipeline.rouge.SCORE_FIELDS`:
   types, tokenizer, language, stemmer, sentence splitter), or `RunMismatch` names the field. Settings
   that change only the interval or nothing (bootstrap, backend and its version), and runs that
   record none, are compared and marked in ``notes``. Each run's ``signature`` is shown with it.
@@ -15,7 +15,7 @@ does I/O except `load_run`, which reads a run folder.
 - The paired tests use the examples scored in *every* run (an example that failed or has no
   reference in one run is left out of all comparisons, and counted as unpaired). Examples are
   taken in id order, so the same rows give the same numbers whichever order they were stored in. A run's
-  ROUGE is the mean of its examples' F-measures, summed exactly (`bart_opt.rouge.mean`): over the same
+  ROUGE is the mean of its examples' F-measures, summed exactly (`bart_opt.pipeline.rouge.mean`): over the same
   examples it is the very float its own metrics report as ``mid``.
 - For each ROUGE type (F-measure, 0-100) and each run against the baseline, with the per-example
   differences ``d = run - baseline`` and ``delta = mean(d)``:
@@ -54,7 +54,7 @@ from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.stored import (
     METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, ComparedRow, MetricsFile, RunFile, read_json_file, read_rows,
 )
-from bart_opt.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES, INTERVAL_FIELDS, mean, settings_differences
+from bart_opt.pipeline.rouge import CONFIDENCE, DEFAULT_ROUGE_TYPES, INTERVAL_FIELDS, mean, settings_differences
 from bart_opt.scoring.registry import row_scores
 
 MEASURE = "fmeasure"

@@ -60,16 +60,16 @@ import ray.data
 import torch
 
 from bart_opt.cluster import LOCAL, ClusterOptions
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate.core import Pending, RunControl, Source, SummarizerExecutor, screened
 from bart_opt.evaluate.rows import RowBatch
-from bart_opt.fingerprint import check_fingerprint
-from bart_opt.fingerprint import fingerprint as checkpoint_fingerprint
-from bart_opt.loading import resolve_checkpoint, weights_file
-from bart_opt.options import EngineOptions
-from bart_opt.rouge import RougeScorer, RougeSettings
-from bart_opt.spec import GenerationSpec
-from bart_opt.summarizer import Summarizer
+from bart_opt.engine.fingerprint import check_fingerprint
+from bart_opt.engine.fingerprint import fingerprint as checkpoint_fingerprint
+from bart_opt.engine.loading import resolve_checkpoint, weights_file
+from bart_opt.engine.options import EngineOptions
+from bart_opt.pipeline.rouge import RougeScorer, RougeSettings
+from bart_opt.engine.spec import GenerationSpec
+from bart_opt.pipeline.summarizer import Summarizer
 
 logger = logging.getLogger("bart_opt.distributed")
 
@@ -303,7 +303,7 @@ class ReplicaPool:
         if self._configs is None:
             from transformers import BartConfig
 
-            from bart_opt.loading import load_generation_config
+            from bart_opt.engine.loading import load_generation_config
 
             folder = resolve_checkpoint(self.engine.model)
             config = BartConfig.from_pretrained(str(folder))

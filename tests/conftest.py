@@ -10,7 +10,7 @@ import tempfile
 import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-# Checkpoint digests cached in a throwaway folder, never in the developer's ~/.cache (bart_opt.fingerprint),
+# Checkpoint digests cached in a throwaway folder, never in the developer's ~/.cache (bart_opt.engine.fingerprint),
 # removed when the session ends.
 if "BART_OPT_DIGEST_CACHE" not in os.environ:
     _digests = tempfile.mkdtemp(prefix="bart_opt_test_")
@@ -34,11 +34,12 @@ pytest_plugins = ["tests.docker.report"]  # the image smoke test's figures in th
 # 2-core Xeon, against 575-630 s in one process.
 WORKERS = 2
 # Test files whose tests share one Ray instance (`ray_cluster`) or start Ray themselves.
-RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/test_engine.py", "tests/bart_opt/test_distributed.py"}
+RAY_FILES = {"tests/app/jobs/test_ray_runner.py", "tests/app/device/test_engine.py",
+             "tests/bart_opt/test_distributed.py"}
 # Test files that share the published fidelity batch (tests/bart_opt/conftest.py, `published_batch`): one worker
 # computes transformers' outputs for it once per dtype instead of once per file.
-AGREEMENT_FILES = {"tests/bart_opt/test_fidelity.py", "tests/bart_opt/test_el_attention.py",
-                   "tests/bart_opt/test_el_static.py", "tests/bart_opt/test_static_generation.py",
+AGREEMENT_FILES = {"tests/bart_opt/engine/test_fidelity.py", "tests/bart_opt/engine/test_el_attention.py",
+                   "tests/bart_opt/engine/test_el_static.py", "tests/bart_opt/engine/test_static_generation.py",
                    "tests/bart_opt/bench/test_near_ties.py"}
 # The long end-to-end runs, marked `long`: the README's test command leaves them out (pyproject's addopts,
 # ``-m "not long"``) to stay within 8 minutes on 2 cores, and `.ci/run` runs them after it

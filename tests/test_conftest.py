@@ -20,7 +20,7 @@ def test_ray_files_and_the_image_tests_form_one_group_each_and_other_files_their
     assert all((REPO / path).is_file() for path in RAY_FILES)
     assert {path.relative_to(REPO).as_posix() for path in group_files("ray")} == RAY_FILES
     assert [path.name for path in group_files("docker")] == ["test_image.py"]
-    assert xdist_group("tests/bart_opt/test_model.py::test_x[a]") == "tests/bart_opt/test_model.py"
+    assert xdist_group("tests/bart_opt/engine/test_model.py::test_x[a]") == "tests/bart_opt/engine/test_model.py"
 
 
 def test_the_long_runs_name_files_and_tests_that_exist():
@@ -28,8 +28,10 @@ def test_the_long_runs_name_files_and_tests_that_exist():
     for nodeid in LONG_TESTS:
         path, name = nodeid.split("::")
         assert f"def {name}(" in (REPO / path).read_text(), nodeid
-    assert is_long("tests/docker/test_image.py::test_x", ()) and is_long("tests/app/test_engine.py::t", ["ray_cluster"])
-    assert not is_long("tests/app/test_engine.py::t", ["engine"]) and not is_long("tests/bart_opt/test_model.py::t", ())
+    assert is_long("tests/docker/test_image.py::test_x", ())
+    assert is_long("tests/app/device/test_engine.py::t", ["ray_cluster"])
+    assert not is_long("tests/app/device/test_engine.py::t", ["engine"])
+    assert not is_long("tests/bart_opt/engine/test_model.py::t", ())
 
 
 def test_the_agreement_files_exist_and_form_one_group():

@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from app.jobs.job import Job
 from app.jobs.paths import shown_model
 from app.schemas import GenerationOptions, RougeAggregate, RougeOptions
-from bart_opt.baselines import BASELINES
+from bart_opt.pipeline.baselines import BASELINES
 from bart_opt.scoring.registry import intervals, metric_names
 
-BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.baselines defines
+BaselineName = Literal[tuple(BASELINES)]  # type: ignore[valid-type]  # the names bart_opt.pipeline.baselines defines
 
 SOURCES = ("hub", "file", "records")
 

@@ -17,8 +17,8 @@ from app.jobs.database import PoolLimits
 from app.jobs.intake import IntakeLimits
 from app.jobs.runner import RunnerConfig
 from bart_opt.cluster import ClusterOptions
-from bart_opt.options import EngineOptions
-from bart_opt.rouge import RougeSettings
+from bart_opt.engine.options import EngineOptions
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.scoring.registry import MetricSettings
 
 COMPONENTS = {"pool": PoolLimits, "runner": RunnerConfig, "intake": IntakeLimits}

@@ -6,7 +6,7 @@ write transaction each, renewing the loader's lease, so a big submission never l
 running job's writes and a reader never holds the dataset), then seals it ``queued``. Any
 error on the way discards what was copied and propagates; the job never becomes visible.
 
-A file source is watched while it is read (`bart_opt.fingerprint.FileWatch`, begun before the
+A file source is watched while it is read (`bart_opt.engine.fingerprint.FileWatch`, begun before the
 file is opened): at the end of intake it is hashed and checked unchanged, and a file that was
 written, replaced or removed meanwhile refuses the job (`FileChanged`: its records may mix two
 versions of the file). The job records the file's fingerprint (size, mtime, sha256) in its
@@ -35,10 +35,10 @@ from typing import Any
 
 from app.jobs.job import Job
 from app.jobs.store import JobStore, NewJob, StoredRecord, StoreError
-from bart_opt.data import Record, RecordStream
+from bart_opt.pipeline.data import Record, RecordStream
 from bart_opt.errors import InvalidRequest
-from bart_opt.fingerprint import FileWatch
-from bart_opt.summarizer import check_text
+from bart_opt.engine.fingerprint import FileWatch
+from bart_opt.pipeline.summarizer import check_text
 from bart_opt.surfaces import surfaced
 
 logger = logging.getLogger("app.jobs")
@@ -84,7 +84,7 @@ class Intake:
         come from (see the module docstring).
 
         Raises ValueError for bad records (a duplicate id, too many records, what the source
-        raises; `bart_opt.fingerprint.FileChanged` for a file that changed while it was read),
+        raises; `bart_opt.engine.fingerprint.FileChanged` for a file that changed while it was read),
         `StoreError` when the store fails, `LoadCancelled` once `cancelled` is set (checked at
         every record); nothing of the job is left behind.
         """

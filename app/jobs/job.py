@@ -22,7 +22,7 @@ class Job:
     status: ``loading`` (records still streaming in), ``queued``, ``running``, ``succeeded``,
         ``failed`` or ``cancelled``.
     model: the checkpoint the job was submitted for, as the server names it (see `shown_model`).
-    fingerprint: the content digest of that checkpoint (`bart_opt.fingerprint`); the job runs only on
+    fingerprint: the content digest of that checkpoint (`bart_opt.engine.fingerprint`); the job runs only on
         a model with the same one. None for a job from before fingerprints (schema 6).
     dataset / columns / generation: the source as shown, the effective column names, and the
         resolved `bart_opt.GenerationSpec` as a dict.
@@ -39,7 +39,7 @@ class Job:
     system: ``bart`` (the model runs it) or ``external`` (its records carry another system's predictions).
     engine / engine_key: the engine of the server it was submitted to (`bart_opt.evaluate.record`); only a
         replica with the same `engine_key` runs it. None for external jobs and jobs from before schema 7.
-    rouge_settings: its `bart_opt.rouge.RougeSettings` as a dict (None before schema 7: the defaults).
+    rouge_settings: its `bart_opt.pipeline.rouge.RougeSettings` as a dict (None before schema 7: the defaults).
     record: the rest of its run record: ``versions``, ``processor``, ``started_at``, ``signature``, and for
         an external job the system's ``name``.
     waiting_since: when it last became claimable (sealed or handed back).

@@ -3,7 +3,7 @@
 The job service and runner (`app.jobs.service`, `app.jobs.runner`) see the model that runs their
 jobs only through `JobEngine`: its identity (``name``, ``fingerprint``), its state, the generation
 settings it resolves, and the executor that summarizes a job's batches on it. The service's
-`app.engine.Engine` is one (its device worker runs the batches); a test's fake engine is another,
+`app.device.engine.Engine` is one (its device worker runs the batches); a test's fake engine is another,
 so the runner is tested with no model (``tests/app/jobs/test_runner_fake_engine.py``). Their
 gauges go to any `Gauges` (the service's `app.metrics.Metrics`).
 """
@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from app.schemas import GenerationOptions
     from bart_opt.evaluate.core import Executor
-    from bart_opt.fingerprint import Fingerprint
-    from bart_opt.spec import GenerationSpec
+    from bart_opt.engine.fingerprint import Fingerprint
+    from bart_opt.engine.spec import GenerationSpec
 
 GIVEN_UP = ("failed", "stopped")  # states in which an engine will never take work
 
@@ -34,7 +34,8 @@ class JobEngine(Protocol):
 
     @property
     def state(self) -> str:
-        """``loading``, ``ready``, ``failed``, ``dead``, ``stopping`` or ``stopped`` (`app.worker.State`'s values)."""
+        """``loading``, ``ready``, ``failed``, ``dead``, ``stopping`` or ``stopped``
+        (`app.device.worker.State`'s values)."""
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Block until the model is loaded (True) or loading failed or timed out (False)."""

@@ -18,7 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Row
 
 from app.jobs.job import STATUSES, Job
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 
 _JSON_COLUMNS = ("dataset", "columns", "generation", "baselines", "metrics", "engine", "rouge_settings", "record")
 

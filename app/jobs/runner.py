@@ -9,7 +9,7 @@ How a job runs (``JobRunner._run``):
    (`app.jobs.storage.StoreSource`: no prediction yet, this is the whole resume, a window at a
    time) into the jobs database (`app.jobs.storage.StoreSink`: one transaction per row batch),
    with the runner's executor: the engine's (`app.jobs.ports.JobEngine.executor`; the service's is
-   its device worker, `SummarizerExecutor` on a `app.engine.WorkerDevice`: each planned batch one
+   its device worker, `SummarizerExecutor` on a `app.device.engine.WorkerDevice`: each planned batch one
    ``Kind.JOB`` item, which ``POST /summarize`` goes before up to its burst limit, the next batch
    queued while one is written) or, with
    ``BART_OPT_RAY_ADDRESS``, the replicas of a `bart_opt.distributed.ReplicaPool`. The core holds
@@ -58,10 +58,10 @@ from bart_opt.evaluate.core import Executor, FailureStreak, RunControl, evaluate
 from bart_opt.evaluate.external import ScoringExecutor
 from bart_opt.evaluate.metrics import RowTotals, metrics_from_rows, score_baselines
 from bart_opt.evaluate.record import engine_key
-from bart_opt.rouge import RougeSettings
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.scoring.base import Metric
 from bart_opt.scoring.registry import MetricSettings, build_metrics
-from bart_opt.spec import GenerationSpec
+from bart_opt.engine.spec import GenerationSpec
 from bart_opt.surfaces import surfaced
 
 logger = logging.getLogger("app.jobs")

@@ -54,12 +54,12 @@ from app.jobs.ports import Gauges, JobEngine
 from app.jobs.runner import JobRunner
 from app.jobs.sources import SourceRefused, check_hub_source, parse_allowlist
 from app.jobs.store import ERROR_FILTERS, JobStore, NewJob, describe_store_error
-from bart_opt.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
+from bart_opt.pipeline.data import HubUnavailable, MissingColumnError, RecordStream, iter_records
 from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.core import Executor
 from bart_opt.evaluate.record import run_record
-from bart_opt.fingerprint import FileChanged, FileWatch
-from bart_opt.readers import TooLarge
+from bart_opt.engine.fingerprint import FileChanged, FileWatch
+from bart_opt.pipeline.readers import TooLarge
 from bart_opt.scoring.registry import build_metrics
 
 logger = logging.getLogger("app.jobs")

@@ -68,7 +68,7 @@ from app.jobs.job import ACTIVE, Job
 from app.jobs.migrations import migrate
 from app.jobs.queries import JobQueries, StoredRecord, job_of
 from bart_opt.evaluate.record import engine_key
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 
 ERROR_FILTERS = ("include", "only", "exclude")
 
@@ -97,10 +97,10 @@ class NewJob:
     generation: dict
     idempotency_key: str | None = None
     baselines: tuple[str, ...] = ()
-    fingerprint: str | None = None  # the checkpoint's content digest (`bart_opt.fingerprint`)
+    fingerprint: str | None = None  # the checkpoint's content digest (`bart_opt.engine.fingerprint`)
     system: str = "bart"  # or "external": the records carry the predictions (see `app.jobs.job.Job`)
     engine: dict | None = None  # the submitting server's engine (`bart_opt.evaluate.record.engine_record`)
-    rouge_settings: dict | None = None  # `bart_opt.rouge.RougeSettings.to_dict`
+    rouge_settings: dict | None = None  # `bart_opt.pipeline.rouge.RougeSettings.to_dict`
     record: dict | None = None  # versions, processor, start, signature
 
 

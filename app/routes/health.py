@@ -5,7 +5,7 @@ worker died, or it holds nearly all the file descriptors it may (``descriptors_e
 at ``BART_OPT_FD_UNHEALTHY_FRACTION`` of ``RLIMIT_NOFILE``; the use is in every answer). A
 model that failed to load keeps ``/health`` at 200 (a restart with the same settings fails
 the same way; ``/ready`` says why it is not ready). A ready ``/ready`` names the checkpoint by
-its fingerprint (`bart_opt.fingerprint`) and lists the operator faults in effect
+its fingerprint (`bart_opt.engine.fingerprint`) and lists the operator faults in effect
 (`app.startup`), and its engine as resolved (what jobs record, quantize included). While the jobs database cannot be opened it reads ``degraded``, with a
 ``jobs_unavailable`` warning naming why (a refused login, a missing right, an unreachable server).
 While the jobs database is damaged it reads ``degraded``, with a

@@ -10,7 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.schemas import MetricsSnapshot
 from app.settings import Settings, get_settings
-from app.worker import Kind
+from app.device.worker import Kind
 
 router = APIRouter(tags=["metrics"])
 

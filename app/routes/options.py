@@ -8,7 +8,7 @@ from app.schemas import Options
 
 router = APIRouter(tags=["options"])
 
-_OPTIONS = Options.of_spec().model_dump()  # fixed by bart_opt.spec.REQUEST_OPTIONS
+_OPTIONS = Options.of_spec().model_dump()  # fixed by bart_opt.engine.spec.REQUEST_OPTIONS
 
 
 @router.get("/options", response_model=Options, responses={401: {"description": "API key set and bearer token missing or wrong"}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 
 from app.errors import request_id_of
-from app.limits import RequestLimits
+from app.summarize.limits import RequestLimits
 from app.schemas import SummarizeRequest, SummarizeResponse
 from app.settings import Settings, get_settings
 

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import torch
 
-from bart_opt.batching import collate, fixed_batches
+from bart_opt.pipeline.batching import collate, fixed_batches
 from bart_opt.demo import build_checkpoint, random_sentence
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 
 # One layer of bart-large-cnn on each side, with the vocabulary scaled by the same 1/12 as the
 # depth: per layer and per token the costs are bart-large's, so the share of the work that

@@ -1,10 +1,10 @@
 """What reading the decoder's self-attention cache costs a beam step, per layer, on a CPU: the default's
-copy of moved rows against the static search's history table (`bart_opt.cache.StaticKVCache`), now and
+copy of moved rows against the static search's history table (`bart_opt.engine.cache.StaticKVCache`), now and
 as it was.
 
 - `default: reorder + attend`: the moved rows' filled positions copied (`KVCache.reorder`, a host sync
   to find them), then attention over the filled positions;
-- `static: table inside attention`: what the static search runs (`bart_opt.cache.StaticKVCache.attend`):
+- `static: table inside attention`: what the static search runs (`bart_opt.engine.cache.StaticKVCache.attend`):
   no gather; the beams of an input attend together over the positions of all its beams, read as far as
   the filled part rounded up to `LENGTH_BUCKET`, masked to each beam's own history through the table;
 - `static (before issue 37): gather + attend`: every row's history gathered through a table of rows
@@ -27,7 +27,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bart_opt.cache import LENGTH_BUCKET, StaticKVCache, round_up
+from bart_opt.engine.cache import LENGTH_BUCKET, StaticKVCache, round_up
 
 
 BEAMS = 4

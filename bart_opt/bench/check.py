@@ -11,7 +11,7 @@ It builds random checkpoints (nothing is downloaded) and runs, on the chosen dev
    (`bart_opt.bench`), at bart-large shape in float32 and float16 on CUDA;
 4. service: one request to the HTTP service, in process (skipped without the serve extra).
 
-On a CPU it first names the processor (`bart_opt.hardware`: its model, the ISA torch runs on,
+On a CPU it first names the processor (`bart_opt.engine.hardware`: its model, the ISA torch runs on,
 `torch.backends.cpu.get_cpu_capability()`, and the AVX-512 VNNI / BF16 and AMX flags) and says which
 modes are fast on it. It prints a table and writes `check.json` into `--out`. On CPU every part runs at a reduced
 size (about a minute); on CUDA at full size (a few minutes).
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import torch
 
-from bart_opt import extras, hardware
+from bart_opt import extras
+from bart_opt.engine import hardware
 from bart_opt.bench.fidelity import Workload, measure_dtype
 from bart_opt.bench.fidelity import build_checkpoint as build_fidelity_checkpoint
 
@@ -104,7 +105,7 @@ def check_parity(device: torch.device, plan: Plan, workdir: Path) -> list[Outcom
 def check_oom_split(device: torch.device, plan: Plan, workdir: Path) -> Outcome:
     """A batch too big for the memory is halved and retried until every input is summarized."""
     from bart_opt.demo import build_checkpoint, random_article
-    from bart_opt.summarizer import Summarizer
+    from bart_opt.pipeline.summarizer import Summarizer
 
     folder = build_checkpoint(workdir / "oom", seed=0, d_model=256, encoder_layers=2, decoder_layers=2,
                               encoder_attention_heads=8, decoder_attention_heads=8, ffn_dim=1024, init_std=0.02)

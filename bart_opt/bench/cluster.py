@@ -37,9 +37,9 @@ from pathlib import Path
 
 import torch
 
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate import SummarizerExecutor, run_evaluation
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -150,7 +150,7 @@ def _plural(count: int, word: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from bart_opt.distributed import ClusterOptions, ReplicaPool, connect
-    from bart_opt.options import EngineOptions
+    from bart_opt.engine.options import EngineOptions
 
     root = Path(tempfile.mkdtemp(prefix="bart-opt-bench-cluster-"))
     try:

@@ -46,7 +46,7 @@ from pathlib import Path
 ENGINES = ("transformers", "bart_opt", "bart_opt_static", "bart_opt_el", "bart_opt_el_static")
 MODES = ENGINES[1:]  # bart_opt's, as `vs_transformers.set_mode` names them
 PARTS = ("env", "gates", "speed", "profiles", "probes", "tests")
-CUDA_TEST_FILES = ("tests/bart_opt/test_graphs.py", "tests/bart_opt/test_memory.py")
+CUDA_TEST_FILES = ("tests/bart_opt/engine/test_graphs.py", "tests/bart_opt/engine/test_memory.py")
 TESTED_TRANSFORMERS = "5.24.0"
 """The transformers the project's suite runs against (pyproject.toml's comment; the env block carries it)."""
 LENGTH_TOLERANCE = 0.05

@@ -164,7 +164,7 @@ def _call(model, mode: str | None, batch: dict, settings: dict):
     import torch
 
     from bart_opt.bench.vs_transformers import set_mode
-    from bart_opt.graphs import strict_replays
+    from bart_opt.engine.graphs import strict_replays
 
     ids, mask = batch["input_ids"], batch["attention_mask"]
 
@@ -332,7 +332,7 @@ def gates(spec: dict) -> None:
     """The correctness gates, at the plan's widths with 2+2 layers and `gate_batch` inputs:
 
     * graphs: the static search with its graphs against the same shapes and buffers stepped eagerly
-      (`bart_opt.graphs.EagerSteps`), in the plan's dtype: bit-equal ids (off CUDA, where there are no
+      (`bart_opt.engine.graphs.EagerSteps`), in the plan's dtype: bit-equal ids (off CUDA, where there are no
       graphs, the persistent-buffer path against the eager search of its own tensors);
     * float32: the static search against the default in float32: equal ids;
     * lengths: the total output length of the static search, the default and transformers in the plan's
@@ -342,7 +342,7 @@ def gates(spec: dict) -> None:
 
     from bart_opt.bench.device import LENGTH_TOLERANCE
     from bart_opt.bench.vs_transformers import make_batch
-    from bart_opt.graphs import EagerSteps, StepGraphs
+    from bart_opt.engine.graphs import EagerSteps, StepGraphs
 
     plan, device = spec["plan"], _device(spec)
     folder = spec["folders"]["gates"]

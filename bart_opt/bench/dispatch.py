@@ -303,8 +303,8 @@ def layout(mode: str, model) -> Iterator[None]:
     """`model` set up for one of `MODES` within the block: "default (GPU layout)" forces what the default
     takes off the CPU (one attention call for the batch, `packing.attends_per_input`; the sync-free n-gram
     ban, `hardware.host_reads_are_free`)."""
-    import bart_opt.model as model_module
-    from bart_opt import hardware
+    import bart_opt.engine.model as model_module
+    from bart_opt.engine import hardware
 
     model.static = mode == "static"
     forced = mode == "default (GPU layout)"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 
-from bart_opt.spec import GenerationSpec
+from bart_opt.engine.spec import GenerationSpec
 
 @dataclass(frozen=True)
 class EngineSpec:

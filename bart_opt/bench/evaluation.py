@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from bart_opt.data import load_records
+from bart_opt.pipeline.data import load_records
 from bart_opt.demo import write_demo_model, write_sample_records
 from bart_opt.evaluate import run_evaluation
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 
 
 def serial(summarizer: Summarizer, records) -> tuple[float, float]:

@@ -43,9 +43,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bart_opt import hardware
+from bart_opt.engine import hardware
 from bart_opt.bench.workloads import SIZES
-from bart_opt.processors import process_scores
+from bart_opt.engine.processors import process_scores
 
 SHAPES = {
     # The issue's measurement shape: 3+3 layers, 8 heads of 32.
@@ -239,7 +239,7 @@ def measure_static(folder: str, dtype: torch.dtype, device: torch.device, work: 
     without it ("static") too."""
     from transformers import BartForConditionalGeneration
 
-    import bart_opt.model as model_module
+    import bart_opt.engine.model as model_module
     from bart_opt import Bart
 
     hf = BartForConditionalGeneration.from_pretrained(folder, dtype=dtype).to(device).eval()

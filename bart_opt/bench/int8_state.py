@@ -16,7 +16,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 from transformers import BartConfig
 
-from bart_opt import Bart, native
+from bart_opt import Bart
+from bart_opt.engine import native
 from bart_opt.bench.workloads import CNN_SETTINGS, build_random_checkpoint
 from bart_opt.bench.vs_peers import make_docs
 from bart_opt.bench.engines import pad_batch

@@ -1,7 +1,7 @@
 """Which instruction set each engine's libraries really run on, in their own words: the check behind
 ``bart-opt bench --peers ctranslate2 --isa avx2``.
 
-The limits (`bart_opt.hardware.AVX2_LIMITS`, and ``CT2_FORCE_CPU_ISA`` for CTranslate2) are read
+The limits (`bart_opt.engine.hardware.AVX2_LIMITS`, and ``CT2_FORCE_CPU_ISA`` for CTranslate2) are read
 by each library at its start, so they are checked in a fresh process with the same environment
 as the engines', with the libraries' verbose switches on, running one small product each:
 
@@ -25,7 +25,7 @@ import os
 import subprocess
 import sys
 
-from bart_opt import hardware
+from bart_opt.engine import hardware
 
 ISAS = ("native", "avx2")
 VERBOSE = {"ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1", "CT2_VERBOSE": "1"}
@@ -72,7 +72,7 @@ def _isa_words(text: str) -> str:
 def report(env: dict[str, str], ct2_folder: str | None = None) -> tuple[dict[str, str], dict]:
     """What the libraries run on in a fresh process with `env` (torch's; CTranslate2's too given its
     converted model), by library, fbgemm's limit as set; and that process's
-    `bart_opt.hardware.CpuCapability` (as a dict)."""
+    `bart_opt.engine.hardware.CpuCapability` (as a dict)."""
     full = {**os.environ, **env, **VERBOSE}
     found: dict[str, str] = {}
     capability: dict = {}

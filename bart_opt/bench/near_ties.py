@@ -9,7 +9,7 @@ checked against the reference's own scoring (transformers in the run's dtype, te
 mode's own hypotheses, the logits processors applied as the search applies them):
 
 * **Beam search** (`BeamTrace`): at every step, for every running hypothesis of every input, the
-  processed log-probs the mode handed to the beam bookkeeping (`bart_opt.generation.beam_step`, shared
+  processed log-probs the mode handed to the beam bookkeeping (`bart_opt.engine.generation.beam_step`, shared
   by the default and the static search and held bit for bit to transformers' by exact mode) are within
   the rounding budget `token_bound` of the reference's for that prefix, on each token either ranks among
   its 2 x beams best; and the tokens either bans (-inf) are the same. Then every choice the mode made
@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from bart_opt.processors import process_scores
+from bart_opt.engine.processors import process_scores
 
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8, "int8": 2.0**-7}
 """u per arithmetic: half the distance between 1 and the next representable number; for int8, half a step
@@ -151,8 +151,8 @@ class BeamTrace(contextlib.AbstractContextManager):
         self._stack = contextlib.ExitStack()
 
     def __enter__(self):
-        import bart_opt.generation as generation
-        import bart_opt.static_generation as static_generation
+        import bart_opt.engine.generation as generation
+        import bart_opt.engine.static_generation as static_generation
 
         original = generation.beam_step
 

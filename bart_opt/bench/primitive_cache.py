@@ -4,7 +4,7 @@
 checkpoint with a tokenizer (``--size demo``: the demo model's shape; ``base``: bart-base's; or
 ``--model``, a checkpoint folder), then
 summarizes them in batches of ``--batch`` with the default mode, once with both caches at
-`bart_opt.kernels.PRIMITIVE_CACHE_CAPACITY` entries (what bart_opt sets) and once at oneDNN's own
+`bart_opt.engine.kernels.PRIMITIVE_CACHE_CAPACITY` entries (what bart_opt sets) and once at oneDNN's own
 1,024, each in a fresh process, ``--repeats`` times in turns (ABAB), so that a busy machine's drift
 hits both alike. It prints the CPU beside a markdown table of each run's seconds, its RSS once loaded
 and at the end, and whether both capacities wrote the same summaries, then the speed ratio of the
@@ -48,8 +48,8 @@ def worker(model: str, texts_path: str, batch: int, threads: int) -> None:
     """Summarize the texts in batches with the default mode; print one JSON line of what it measured."""
     import torch
 
-    from bart_opt.memory import rss_bytes
-    from bart_opt.summarizer import Summarizer
+    from bart_opt.engine.memory import rss_bytes
+    from bart_opt.pipeline.summarizer import Summarizer
 
     torch.set_num_threads(threads)
     texts = json.loads(Path(texts_path).read_text())
@@ -67,7 +67,7 @@ def worker(model: str, texts_path: str, batch: int, threads: int) -> None:
 
 def run_once(capacity: int, model: str, texts: Path, args: argparse.Namespace) -> dict:
     """One worker process with both caches at `capacity` entries."""
-    from bart_opt.kernels import PRIMITIVE_CACHE_VARIABLES
+    from bart_opt.engine.kernels import PRIMITIVE_CACHE_VARIABLES
 
     env = {**os.environ, **{name: str(capacity) for name in PRIMITIVE_CACHE_VARIABLES},
            "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from transformers import AutoTokenizer
 
-    from bart_opt import hardware
+    from bart_opt.engine import hardware
     from bart_opt.bench.batching import cnn_like_articles
     from bart_opt.demo import build_checkpoint
-    from bart_opt.kernels import PRIMITIVE_CACHE_CAPACITY
+    from bart_opt.engine.kernels import PRIMITIVE_CACHE_CAPACITY
 
     with tempfile.TemporaryDirectory(prefix="bart_opt_primitives_") as tmp:
         model = args.model or str(build_checkpoint(Path(tmp, "model"), **SHAPES[args.size]))

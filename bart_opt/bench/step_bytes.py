@@ -8,7 +8,7 @@ far as it returns, a partial write only where it writes, attention as one fused 
 
 At each position t (tokens so far) of a call at the CNN settings (max_length 142: t = 1 .. 141):
 
-- `static`: one `BeamSearch.step` (`bart_opt.static_generation`), its cache read as far as
+- `static`: one `BeamSearch.step` (`bart_opt.engine.static_generation`), its cache read as far as
   `length_span(t)` positions;
 - `default`: one `generation.BeamRun.step` (the cache filled to t - 1 positions, the decoder reading t)
   and the cache's reorder of the rows the beam step moved. How many move is data: the default copies
@@ -55,8 +55,8 @@ def _state(model, inputs: int, source: int, beams: int):
 @torch.inference_mode()
 def static_bytes(model, spec, inputs: int, source: int, cur_len: int) -> dict:
     """{"decode", "search"}: bytes of one static step at `cur_len` tokens."""
-    from bart_opt.buffers import FreshBuffers
-    from bart_opt.static_generation import BeamSearch
+    from bart_opt.engine.buffers import FreshBuffers
+    from bart_opt.engine.static_generation import BeamSearch
 
     model.static = True
     try:
@@ -75,7 +75,7 @@ def static_bytes(model, spec, inputs: int, source: int, cur_len: int) -> dict:
 def default_bytes(model, spec, inputs: int, source: int, cur_len: int, moved_fraction: float) -> dict:
     """{"decode", "search"}: bytes of one default step at `cur_len` tokens, `moved_fraction` of its cache
     rows moved by the beam step."""
-    from bart_opt.generation import BeamRun
+    from bart_opt.engine.generation import BeamRun
 
     cross = _state(model, inputs, source, spec.num_beams)
     run = BeamRun(model, inputs, spec)
@@ -96,7 +96,7 @@ def measured_moved_fraction(seed: int = 0) -> float:
 
     from bart_opt import Bart
     from bart_opt.bench.dispatch import make_batch
-    from bart_opt.cache import KVCache
+    from bart_opt.engine.cache import KVCache
     from bart_opt.demo import build_checkpoint
 
     fractions = []

@@ -10,7 +10,7 @@ float32 elsewhere) and, where bfloat16 is native, its fastest combination (int8 
 in bfloat16), and each peer (CTranslate2 float32 and int8).
 
 The processor is named above the table: its model, the ISA torch runs on and the flags that decide
-which modes are fast (`bart_opt.hardware`). ``--isa avx2`` limits every engine's libraries to AVX2
+which modes are fast (`bart_opt.engine.hardware`). ``--isa avx2`` limits every engine's libraries to AVX2
 (`bart_opt.bench.isa`), and before any engine runs, a probe process with the same environment
 reads from each library which ISA it runs on; a library that did not keep to the limit stops the
 run.
@@ -18,7 +18,7 @@ run.
 Each engine runs in a process of its own with the same thread count, so that its memory can be
 measured the same way whatever allocates it: the peak RSS of one generate call above the RSS
 before the call (weights loaded, inputs built), read from the kernel's exact high-water mark
-(:func:`bart_opt.memory.peak_rss_bytes`, reset just before the call). RSS is the one measure that
+(:func:`bart_opt.engine.memory.peak_rss_bytes`, reset just before the call). RSS is the one measure that
 sees every allocator alike (torch's, CTranslate2's, the Python heap); torch's live tensor bytes, which
 ``bart-opt bench`` without ``--peers`` reports for transformers and bart_opt, would leave CTranslate2
 out, and counting them triples transformers' run time here. That first call, untimed, also warms
@@ -40,8 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bart_opt import hardware
-from bart_opt.memory import format_bytes
+from bart_opt.engine import hardware
+from bart_opt.engine.memory import format_bytes
 from bart_opt.bench.engines import EngineSpec
 
 # Token counts of 12 CNN/DailyMail-like articles after truncation to 1024 (9,537 tokens in all).
@@ -120,7 +120,7 @@ def _worker_main(job: dict) -> None:
     sys.stdout = sys.stderr
     import torch
 
-    from bart_opt.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
+    from bart_opt.engine.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
     from bart_opt.bench.engines import load_engine
 
     torch.set_num_threads(job["threads"])

@@ -19,7 +19,7 @@ docs/s, peak memory, and on CUDA GPU-busy seconds and kernel launches of one pro
     bart-opt bench --size large --device cuda --dtype float16 --static --tasks throughput_cnn
 
 Memory is the peak above what was allocated when the call started (weights and
-inputs): live tensor bytes on CPU (:class:`bart_opt.memory.LiveTensorCounter`),
+inputs): live tensor bytes on CPU (:class:`bart_opt.engine.memory.LiveTensorCounter`),
 the CUDA caching allocator's true peak on GPU. Each task runs once under the
 memory log (which also warms up) and then ``--repeats`` times untimed by any
 counter; the best time is reported. Both engines load the same checkpoint folder.
@@ -45,12 +45,13 @@ from pathlib import Path
 
 import torch
 
-from bart_opt import extras, hardware
+from bart_opt import extras
+from bart_opt.engine import hardware
 from bart_opt.bench.isa import ISAS
 from bart_opt.bench.workloads import CNN_SETTINGS, DEFAULT_MAX_LEN, SIZES, STEP_SETTINGS, build_random_checkpoint
-from bart_opt.memory import MemoryLog, format_bytes, measure
-from bart_opt.quantize import MODES as QUANTIZE
-from bart_opt.quantize import packed_bytes
+from bart_opt.engine.memory import MemoryLog, format_bytes, measure
+from bart_opt.engine.quantize import MODES as QUANTIZE
+from bart_opt.engine.quantize import packed_bytes
 
 TASKS = ("forward", "generate_9", "throughput_cnn")
 ENGINES = ("transformers", "bart_opt", "bart_opt_exact")

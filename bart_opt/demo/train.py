@@ -207,7 +207,7 @@ def fit(model, tokenizer, recipe: Recipe, log_every: int, start: float) -> float
 
 def validate(model_dir: Path, recipe: Recipe) -> dict:
     """ROUGE-1/2/L/Lsum (mid F-measure) of our engine on held-out ``validation`` stories."""
-    from bart_opt.summarizer import Summarizer
+    from bart_opt.pipeline.summarizer import Summarizer
 
     held_out = list(stories("validation", recipe.validation_stories, recipe.seed))
     summarizer = Summarizer.from_pretrained(str(model_dir), device="cpu", count_cpu_tensors=False)

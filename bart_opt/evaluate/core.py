@@ -22,7 +22,7 @@ The rules live here, once each:
   halves a batch down to one input, any other failure retries it input by input;
   `MAX_FAILURE_STREAK` model failures in a row stop the run (`FailureStreak`);
 - **batch planning and the token budget**: `Summarizer.plan`, inside the executor;
-- **overlap** of device work with decoding and scoring: `bart_opt.batching.pipelined`;
+- **overlap** of device work with decoding and scoring: `bart_opt.pipeline.batching.pipelined`;
 - **metrics beyond ROUGE** (`bart_opt.scoring`): each stored row that has ROUGE is scored with the
   run's other metrics before it is stored (`bart_opt.evaluate.rows.add_scores`), against its record's
   text, remembered from the source's windows only until the row is stored (a source the executor
@@ -43,14 +43,14 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from bart_opt.batching import Device, InlineDevice
-from bart_opt.data import Record
+from bart_opt.pipeline.batching import Device, InlineDevice
+from bart_opt.pipeline.data import Record
 from bart_opt.errors import InvalidRequest
 from bart_opt.evaluate.rows import FAILED, MODEL, REFUSED, RowBatch, add_scores, prediction_row, refused_row
-from bart_opt.rouge import RougeSettings
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.scoring.base import Metric
-from bart_opt.spec import GenerationSpec
-from bart_opt.summarizer import CANCELLED, BatchOutcome, Encoded, Summarizer, check_text
+from bart_opt.engine.spec import GenerationSpec
+from bart_opt.pipeline.summarizer import CANCELLED, BatchOutcome, Encoded, Summarizer, check_text
 
 MAX_FAILURE_STREAK = 5
 
@@ -170,11 +170,11 @@ class Sink(Protocol):
 class Executor(Protocol):
     """Turns a source into row batches. `model` describes the model for the metrics (see
     `bart_opt.evaluate.metrics.ModelInfo`), `identity` is what a resumed run must match,
-    `fingerprint` the content digest of the checkpoint the model calls run on (`bart_opt.fingerprint`;
+    `fingerprint` the content digest of the checkpoint the model calls run on (`bart_opt.engine.fingerprint`;
     a resumed run must match it too), `engine_record` the engine as resolved and `processor` what runs it
     (`bart_opt.evaluate.record`: a resumed run must match the engine), and `in_process` says whether
     the model calls run in this process. `run` scores references with the scorer of `rouge`
-    (`bart_opt.rouge.RougeSettings`; None: the model's own scorer)."""
+    (`bart_opt.pipeline.rouge.RougeSettings`; None: the model's own scorer)."""
 
     in_process: bool
 

@@ -1,12 +1,12 @@
 """Another system's predictions scored into a run folder: ``bart-opt score PREDICTIONS --out DIR``.
 
 A PEGASUS, T5 or LLM run, or any other, is a file of predictions: JSON lines, a JSON array, CSV or
-Parquet (by extension, read a bounded piece at a time by `bart_opt.readers`) with an id, a
+Parquet (by extension, read a bounded piece at a time by `bart_opt.pipeline.readers`) with an id, a
 prediction and a reference per example (`Columns` names them), or an id and a prediction with the
 references in another file (`references`, joined by id: each prediction needs one, and each
 reference a prediction). A reference is a string, or a list of strings for several references
 (Multi-News, DUC): it is then scored as rouge-score's ``score_multi`` does, the best reference
-per type (`bart_opt.rouge.RougeScorer.score_multi`). CSV holds strings only: one reference each.
+per type (`bart_opt.pipeline.rouge.RougeScorer.score_multi`). CSV holds strings only: one reference each.
 
 `ScoringExecutor` is the same scoring as an executor of the evaluation core (`bart_opt.evaluate.core`),
 for the service's jobs of another system's predictions: each record's text is its prediction.
@@ -34,14 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bart_opt.data import MissingColumnError, Record, check_id
+from bart_opt.pipeline.data import MissingColumnError, Record, check_id
 from bart_opt.evaluate.metrics import RowTotals
 from bart_opt.evaluate.record import run_record
 from bart_opt.evaluate.rows import REFUSED, SCORED, RowBatch, add_scores, baseline_row, refused_row
 from bart_opt.evaluate.runs import METRICS_FILE, PREDICTIONS_FILE, json_line, start_run
 from bart_opt.evaluate.stored import check_out, write_run_file
-from bart_opt.readers import DEFAULT_MAX_LINE_BYTES, file_format, file_rows
-from bart_opt.rouge import RougeSettings
+from bart_opt.pipeline.readers import DEFAULT_MAX_LINE_BYTES, file_format, file_rows
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.runlock import RunLock
 from bart_opt.scoring.registry import MetricSettings, build_metrics
 

@@ -12,7 +12,7 @@ first), ``metrics["signatures"]`` (each one's signature but ROUGE's) and ``metri
 (the run record's ``metrics``: settings and signatures).
 
 The model is described by what a `Summarizer` has (``name``, ``device``, ``count_cpu_tensors``,
-``scorer``); a Ray replica pool has the same. Baselines (`bart_opt.baselines`) are scored here
+``scorer``); a Ray replica pool has the same. Baselines (`bart_opt.pipeline.baselines`) are scored here
 too (`baseline_rows`, `score_baselines`), with the model's scorer, so their intervals are
 computed the same way.
 """
@@ -27,12 +27,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bart_opt.baselines import BASELINES, check_baselines
-from bart_opt.data import Record
+from bart_opt.pipeline.baselines import BASELINES, check_baselines
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate.record import signature
 from bart_opt.evaluate.rows import add_scores, baseline_row
-from bart_opt.rouge import MEASURES, RougeScorer
-from bart_opt.rouge_text import coverage
+from bart_opt.pipeline.rouge import MEASURES, RougeScorer
+from bart_opt.pipeline.rouge_text import coverage
 from bart_opt.scoring.base import Metric, aggregate_columns
 from bart_opt.scoring.registry import SOURCE_SCORES
 
@@ -76,7 +76,8 @@ class PackedScores(Sequence):
 
 class Coverage:
     """What the tokenizer kept of the scored texts: letters and digits in all, kept, and the texts of
-    which it dropped most (`MOSTLY_DROPPED`), predictions and references apart (`bart_opt.rouge_text.coverage`)."""
+    which it dropped most (`MOSTLY_DROPPED`), predictions and references apart
+    (`bart_opt.pipeline.rouge_text.coverage`)."""
 
     def __init__(self, tokenizer: str):
         self.tokenizer = tokenizer
@@ -330,7 +331,7 @@ def score_baselines(names: Iterable[str], records: Iterable[Record] | Callable[[
 
 
 def peak_source(model: ModelInfo) -> str:
-    """Where the batch peaks come from (see `bart_opt.memory`)."""
+    """Where the batch peaks come from (see `bart_opt.engine.memory`)."""
     if model.device.type == "cuda":
         return "cuda_allocator"
     return "live_tensors" if model.count_cpu_tensors else "none"

@@ -4,14 +4,14 @@ A run folder's ``run.json`` and a service job's stored spec hold the same record
 
 - ``system``: ``bart`` (a model), ``baseline`` (lead-3) or ``external`` (another system's
   predictions, scored by ``bart-opt score``); ``model`` and the checkpoint's ``fingerprint``;
-- ``engine``: the `bart_opt.options.EngineOptions` as resolved on the loaded model (`ENGINE_FIELDS`:
+- ``engine``: the `bart_opt.engine.options.EngineOptions` as resolved on the loaded model (`ENGINE_FIELDS`:
   dtype, mode, static, el_attention, quantize, device type) and the batch budgets;
-- ``generation``: the resolved `bart_opt.spec.GenerationSpec`;
-- ``rouge_settings``: `bart_opt.rouge.RougeSettings.to_dict`;
+- ``generation``: the resolved `bart_opt.engine.spec.GenerationSpec`;
+- ``rouge_settings``: `bart_opt.pipeline.rouge.RougeSettings.to_dict`;
 - ``metrics``: the metrics beyond ROUGE (`bart_opt.scoring.registry.MetricSettings.record`: their
   names, ROUGE first, the settings and each metric's signature);
 - ``versions`` (bart-opt, torch, transformers, the ROUGE backend, Python), ``processor`` (the CPU's
-  ISA key, `bart_opt.hardware.probe`, or the GPU's name) and ``started_at`` (UTC);
+  ISA key, `bart_opt.engine.hardware.probe`, or the GPU's name) and ``started_at`` (UTC);
 - ``signature``: the sacrebleu-style line of the ROUGE settings and the engine (`signature`).
 
 `resume_differences` is the one rule for resuming (the CLI's run folders, service jobs): a
@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from bart_opt.rouge import SCORE_FIELDS, RougeSettings, settings_differences
+from bart_opt.pipeline.rouge import SCORE_FIELDS, RougeSettings, settings_differences
 
 ENGINE_FIELDS = ("dtype", "mode", "static", "el_attention", "quantize", "device")  # a difference changes predictions
 BUDGET_FIELDS = ("max_batch_tokens", "max_batch_size")  # recorded; a difference is a warning
@@ -72,13 +72,13 @@ def versions(rouge: RougeSettings | None = None) -> dict:
 
 
 def processor(device: str) -> dict:
-    """What ran the model: ``{"cpu": ISA key, "name"}`` (`bart_opt.hardware.probe`) or ``{"gpu": name}``."""
+    """What ran the model: ``{"cpu": ISA key, "name"}`` (`bart_opt.engine.hardware.probe`) or ``{"gpu": name}``."""
     if device.startswith("cuda"):
         import torch
 
         return {"gpu": torch.cuda.get_device_name(torch.device(device)) if torch.cuda.is_available() else "unknown"}
     if device == "cpu":
-        from bart_opt import hardware
+        from bart_opt.engine import hardware
 
         cpu = hardware.probe()
         return {"cpu": cpu.isa, "name": cpu.model}

@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from bart_opt.data import Record
-from bart_opt.results import Encoded
+from bart_opt.pipeline.data import Record
+from bart_opt.pipeline.results import Encoded
 from bart_opt.scoring.base import Example, Metric
 
 MODEL, FAILED, REFUSED, SCORED = "model", "failed", "refused", "scored"  # the kinds of `RowBatch`

@@ -8,7 +8,7 @@ folder as the sink (`RunFolder`) and the model's executor (a `Summarizer` runs i
 - ``predictions.jsonl``: one line per record (see `bart_opt.evaluate.rows`), appended and pushed
   to disk per batch; rerunning skips ids already there, and a torn last line is dropped;
 - ``run.json``: the run record (`bart_opt.evaluate.record`: the model, its checkpoint's content
-  fingerprint (`bart_opt.fingerprint`), the engine as resolved, the generation and ROUGE settings,
+  fingerprint (`bart_opt.engine.fingerprint`), the engine as resolved, the generation and ROUGE settings,
   the versions, the processor, the start time and the signature) and the dataset's fingerprint, all
   checked on resume (`start_run`: the one place a run folder is matched to a run): a folder refilled
   with another checkpoint under the same name, or resumed with another dtype, mode, quantization,
@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bart_opt.baselines import check_baselines
-from bart_opt.data import Record
+from bart_opt.pipeline.baselines import check_baselines
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate.core import Executor, ListSource, SummarizerExecutor, evaluate_records
 from bart_opt.evaluate.metrics import RowTotals, baseline_rows, compute_metrics, score_baselines
 from bart_opt.evaluate.record import check_resume, run_record
@@ -46,12 +46,12 @@ from bart_opt.evaluate.stored import (
     METRICS_FILE, PREDICTIONS_FILE, RUN_FILE, RunFile, check_out, check_run_folder, open_run_file, parse_rows, read_json_file,
     write_run_file,
 )
-from bart_opt.rouge import RougeScorer, RougeSettings
+from bart_opt.pipeline.rouge import RougeScorer, RougeSettings
 from bart_opt.runlock import RunLock
 from bart_opt.scoring.base import Metric
 from bart_opt.scoring.registry import MetricSettings, build_metrics
-from bart_opt.spec import GenerationSpec
-from bart_opt.summarizer import Summarizer
+from bart_opt.engine.spec import GenerationSpec
+from bart_opt.pipeline.summarizer import Summarizer
 
 
 logger = logging.getLogger("bart_opt.evaluate")
@@ -162,7 +162,7 @@ def run_evaluation(
     the records with a row (resumed ones first) of all of them (an experiment tracker's hook,
     `bart_opt.tracking`). `source` names the dataset in run.json and in messages. `overwrite`
     deletes an earlier run in `out_dir` and starts over. `baselines` (e.g. ``["lead-3"]``, see
-    `bart_opt.baselines`) are scored on the same records with the same scorer and reported under
+    `bart_opt.pipeline.baselines`) are scored on the same records with the same scorer and reported under
     ``metrics["baselines"][name]``. `rouge` are the ROUGE settings (default: the model's scorer's),
     recorded in run.json and metrics.json with the signature. `metrics` are the metrics beyond ROUGE
     (default: `bart_opt.scoring.registry.DEFAULT`, words and sentences in ROUGE's language), scored on

@@ -5,7 +5,7 @@ where it is known) into per-example scores, a flat mapping of score names to flo
 (``{"coverage": 0.91, "density": 3.2}``). Every metric's corpus figure is then `aggregate`'s:
 the mean over examples (``mid``, summed exactly) and the 2.5th and 97.5th percentiles of seeded
 bootstrap means (``low``, ``high``), the same arithmetic ROUGE's interval uses
-(`bart_opt.rouge.RougeScorer.aggregate` calls `bootstrap_interval`).
+(`bart_opt.pipeline.rouge.RougeScorer.aggregate` calls `bootstrap_interval`).
 
 A metric also says what decides its numbers (`Metric.signature`: its settings and the versions
 of what it runs on, recorded with every run as ROUGE's settings are) and whether it runs a model

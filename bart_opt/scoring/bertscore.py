@@ -30,7 +30,7 @@ from importlib.metadata import version
 from typing import Any
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.memory import measure
+from bart_opt.engine.memory import measure
 from bart_opt.scoring.base import Example
 from bart_opt.scoring.models import call_cost, input_limit, load_checked, open_checkpoint
 

@@ -1,6 +1,6 @@
 """Factual consistency with the source, SummaC-ZS style (Laban et al., 2022): sentence-level NLI.
 
-The source and the summary are split into sentences (`bart_opt.rouge_text.split_sentences`,
+The source and the summary are split into sentences (`bart_opt.pipeline.rouge_text.split_sentences`,
 the splitter ROUGE-Lsum uses). An NLI classifier (any ``AutoModelForSequenceClassification``
 checkpoint whose config names an ``entailment`` and a ``contradiction`` label) reads every
 (source sentence, summary sentence) pair, premise first, giving P(entailment) and
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.memory import measure
-from bart_opt.rouge_text import split_sentences, splitter_name
+from bart_opt.engine.memory import measure
+from bart_opt.pipeline.rouge_text import split_sentences, splitter_name
 from bart_opt.scoring.base import Example
 from bart_opt.scoring.models import ScoringCheckpoint, call_cost, input_limit, load_checked, open_checkpoint
 

@@ -1,9 +1,9 @@
 """The ``length`` metric: a summary's length in tokens and in sentences.
 
-Tokens are the words of ROUGE's ``unicode`` tokenizer (`bart_opt.rouge_text`: NFKC-normalized,
+Tokens are the words of ROUGE's ``unicode`` tokenizer (`bart_opt.pipeline.rouge_text`: NFKC-normalized,
 lower-cased runs of letters, marks and digits, unstemmed; punctuation is not a token) or, for
 texts written without spaces, of its ``script`` tokenizer (each Han, Kana or Thai character a
-token). Sentences are rougeLsum's (`bart_opt.rouge_text.split_sentences` in the settings'
+token). Sentences are rougeLsum's (`bart_opt.pipeline.rouge_text.split_sentences` in the settings'
 language). Both are counts per summary; the corpus figure is their mean with the bootstrap
 interval every metric shares (`bart_opt.scoring.base.aggregate`). No model, no source, no reference.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.rouge_text import check_language, make_tokenizer, split_sentences, splitter_name
+from bart_opt.pipeline.rouge_text import check_language, make_tokenizer, split_sentences, splitter_name
 from bart_opt.scoring.base import Example
 
 WORD_TOKENIZERS = ("unicode", "script")

@@ -2,9 +2,9 @@
 classifier), opened the way the summarizer's are.
 
 `open_checkpoint` resolves a local folder, or a hub id through huggingface_hub's cache
-(`bart_opt.loading.resolve_checkpoint`: with ``HF_HUB_OFFLINE=1`` nothing is downloaded, an
+(`bart_opt.engine.loading.resolve_checkpoint`: with ``HF_HUB_OFFLINE=1`` nothing is downloaded, an
 uncached id is refused), refuses a folder that cannot serve (no ``config.json``, no weights, no
-tokenizer files), and fingerprints the files that will be read (`bart_opt.fingerprint`) before
+tokenizer files), and fingerprints the files that will be read (`bart_opt.engine.fingerprint`) before
 they are read. `load_checked` reads them and then checks that none changed in between, so the
 fingerprint names what was loaded.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bart_opt.errors import CheckpointError, InvalidRequest
-from bart_opt.fingerprint import Fingerprint, fingerprint
+from bart_opt.engine.fingerprint import Fingerprint, fingerprint
 
 # The files of a BERT, RoBERTa, DeBERTa or ALBERT checkpoint fetched from the hub: config,
 # weights and any tokenizer's files (WordPiece vocab.txt, BPE vocab.json + merges.txt, a
@@ -60,7 +60,7 @@ def open_checkpoint(name_or_path: str | os.PathLike, field: str) -> ScoringCheck
 
     Raises `InvalidRequest` (`field`) when it cannot be found, or lacks config.json, weights or tokenizer files.
     """
-    from bart_opt.loading import resolve_checkpoint
+    from bart_opt.engine.loading import resolve_checkpoint
 
     name = str(name_or_path)
     try:
@@ -103,7 +103,7 @@ def input_limit(checkpoint: ScoringCheckpoint, tokenizer: Any) -> int:
 
 
 def call_cost(log: Any, batches: int) -> dict[str, Any]:
-    """``{"batches", "seconds", "peak_bytes", "peak_source"}`` of a `bart_opt.memory.MemoryLog` over
+    """``{"batches", "seconds", "peak_bytes", "peak_source"}`` of a `bart_opt.engine.memory.MemoryLog` over
     one `score` call: on CUDA the allocator's peak above the start, on CPU the tensors made meanwhile."""
     report = log.report()
     return {"batches": batches, "seconds": report["seconds"], "peak_bytes": report["peak_bytes"],

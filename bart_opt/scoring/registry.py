@@ -28,8 +28,8 @@ from bart_opt.scoring import extractive
 from bart_opt.scoring.base import Metric
 from bart_opt.scoring.length import word_tokenizer
 
-if TYPE_CHECKING:  # bart_opt.rouge imports rouge-score and nltk: not for the command line's parser
-    from bart_opt.rouge import RougeSettings
+if TYPE_CHECKING:  # bart_opt.pipeline.rouge imports rouge-score and nltk: not for the command line's parser
+    from bart_opt.pipeline.rouge import RougeSettings
 
 NAMES = ("rouge", "extractive", "length", "bertscore", "consistency")
 DEFAULT = ("rouge", "extractive", "length")

@@ -1,4 +1,4 @@
-"""ROUGE as one `bart_opt.scoring.base.Metric`, over `bart_opt.rouge.RougeSettings` and its `RougeScorer`.
+"""ROUGE as one `bart_opt.scoring.base.Metric`, over `bart_opt.pipeline.rouge.RougeSettings` and its `RougeScorer`.
 
 ROUGE keeps its own place in every file (contract): a row's ``rouge`` holds ``{type: {precision,
 recall, fmeasure}}`` and ``metrics.json``'s ``rouge`` holds ``{type: {low, mid, high}}`` of those,
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bart_opt.rouge import MEASURES, RougeSettings
+from bart_opt.pipeline.rouge import MEASURES, RougeSettings
 from bart_opt.scoring.base import Example
 
 

@@ -15,9 +15,9 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.engine import load_summarizer
+from app.device.engine import load_summarizer
 from app.settings import Settings
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 from tests.app.helpers import serving
 
 # Every app the tests build (and every server they start) keeps its evaluation jobs in a

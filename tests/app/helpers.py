@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.engine import load_summarizer
+from app.device.engine import load_summarizer
 from app.server import server_config
 from bart_opt.demo import random_article
 

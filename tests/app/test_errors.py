@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from app.domain_errors import (Busy, ClientGone, Conflict, DamagedStore, NotFound, Refused, ServiceError,
                                SourceUnavailable, Unavailable)
 from app.errors import STATUS_OF, field_path, install_error_handlers, status_of
-from app.summarize_service import ClientDisconnected
+from app.summarize.service import ClientDisconnected
 
 
 @pytest.mark.parametrize(
@@ -126,9 +126,9 @@ def test_every_kind_of_domain_error_has_a_status_and_the_table_lists_only_kinds(
 # ---- the domain speaks no HTTP ------------------------------------------------------------
 
 REPO = Path(__file__).resolve().parents[2]
-DOMAIN = [*sorted((REPO / "app" / "jobs").rglob("*.py")),
-          *(REPO / "app" / name for name in ("engine.py", "summarize_service.py", "compare.py", "device_runner.py",
-                                             "worker.py", "limits.py", "domain_errors.py"))]
+DOMAIN = [*(path for package in ("jobs", "device", "summarize")
+            for path in sorted((REPO / "app" / package).rglob("*.py"))),
+          *(REPO / "app" / name for name in ("compare.py", "domain_errors.py"))]
 HTTP = ("fastapi", "starlette", "app.errors")
 
 

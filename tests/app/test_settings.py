@@ -13,7 +13,7 @@ from app.jobs.config import COMPONENTS, JobsConfig
 from app.settings import Settings, setting_name
 from bart_opt.cluster import ClusterOptions
 from bart_opt.errors import InvalidRequest
-from bart_opt.rouge import RougeSettings
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.surfaces import settings_of
 
 
@@ -39,7 +39,7 @@ def test_environment_with_prefix(monkeypatch):
 
 
 def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
-    from app.engine import load_summarizer
+    from app.device.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_EXACT", "true")
     settings = Settings(model=demo_checkpoint)
@@ -48,7 +48,7 @@ def test_exact_mode_reaches_the_model(monkeypatch, demo_checkpoint):
 
 
 def test_fast_mode_reaches_the_model_and_refuses_exact_beside_it(monkeypatch, demo_checkpoint):
-    from app.engine import load_summarizer
+    from app.device.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_FAST", "true")
     model = load_summarizer(Settings(model=demo_checkpoint)).model
@@ -74,7 +74,7 @@ def test_importing_the_app_loads_no_model():
 
 
 def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(monkeypatch):
-    from bart_opt.options import EngineOptions
+    from bart_opt.engine.options import EngineOptions
 
     for name in ("MAX_BATCH_TOKENS", "MAX_BATCH_SIZE", "MAX_BEAMS", "TORCH_THREADS", "COUNT_CPU_TENSORS"):
         monkeypatch.delenv(f"BART_OPT_{name}", raising=False)
@@ -89,7 +89,7 @@ def test_the_engine_settings_are_the_engine_options_with_the_service_defaults(mo
 
 def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
     from app.settings import engine_settings
-    from tests.bart_opt.test_options import WithKvDtype
+    from tests.bart_opt.engine.test_options import WithKvDtype
 
     class KvDtypeSettings(engine_settings(WithKvDtype)):
         model_config = Settings.model_config
@@ -103,7 +103,7 @@ def test_a_new_engine_option_is_a_setting_of_its_own(monkeypatch):
 
 
 def test_bart_opt_quantize_reaches_the_model(monkeypatch, demo_checkpoint):
-    from app.engine import load_summarizer
+    from app.device.engine import load_summarizer
 
     monkeypatch.setenv("BART_OPT_QUANTIZE", "int8")
     settings = Settings(model=demo_checkpoint, device="cpu")
@@ -115,7 +115,7 @@ def test_bart_opt_quantize_reaches_the_model(monkeypatch, demo_checkpoint):
 
 @pytest.mark.parametrize("mode", ["static", "el_attention"])
 def test_bart_opt_static_and_el_attention_reach_the_model(monkeypatch, demo_checkpoint, mode):
-    from app.engine import load_summarizer
+    from app.device.engine import load_summarizer
 
     variable = f"BART_OPT_{mode.upper()}"
     monkeypatch.delenv(variable, raising=False)

@@ -3,7 +3,7 @@
 Each case names its language and the tokenizer it is meant for; ``expected`` was counted by hand
 from the tokens written in ``why`` (unigram, bigram and LCS counts: F = 2 * overlap / (|pred| + |ref|)),
 and ``default`` is what rouge-score's own tokenizer gives (0 wherever it keeps nothing). The table
-in docs/evaluation.md#rouge-in-any-language is this corpus, measured by tests/bart_opt/test_rouge_text.py.
+in docs/evaluation.md#rouge-in-any-language is this corpus, measured by tests/bart_opt/pipeline/test_rouge_text.py.
 """
 
 from __future__ import annotations

@@ -16,12 +16,12 @@ import torch
 
 import bart_opt
 from bart_opt.cli import main
-from bart_opt.baselines import lead_3
-from bart_opt.data import load_records
+from bart_opt.pipeline.baselines import lead_3
+from bart_opt.pipeline.data import load_records
 from bart_opt.demo import random_article
 from bart_opt.demo.trained import MODEL_FILES, packaged_model_dir
-from bart_opt.rouge import RougeScorer
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.rouge import RougeScorer
+from bart_opt.pipeline.summarizer import Summarizer
 
 REPO = Path(__file__).resolve().parents[2]
 GEN = ["--max-length", "12", "--min-length", "3", "--num-beams", "2"]

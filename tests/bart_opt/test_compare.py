@@ -18,7 +18,7 @@ from bart_opt.compare import (
     paired_bootstrap,
 )
 from bart_opt.errors import InvalidRequest
-from bart_opt.rouge import DEFAULT_ROUGE_TYPES
+from bart_opt.pipeline.rouge import DEFAULT_ROUGE_TYPES
 
 
 def row(example_id: str, score: float | None, prediction: str = "", reference: str = "ref", error: str | None = None):

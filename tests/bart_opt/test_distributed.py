@@ -24,11 +24,11 @@ import torch
 from bart_opt import InvalidRequest
 from bart_opt.cli import main
 from bart_opt.evaluate.record import resume_differences
-from bart_opt.data import Record, load_records
+from bart_opt.pipeline.data import Record, load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions, run_evaluation
-from bart_opt.options import EngineOptions
-from bart_opt.summarizer import Summarizer
+from bart_opt.engine.options import EngineOptions
+from bart_opt.pipeline.summarizer import Summarizer
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install -e '.[ray]'")
 
@@ -345,7 +345,7 @@ def test_a_command_that_joined_ray_exits_with_its_status_however_it_ends(ray_clu
 
 
 def test_engine_options_that_exclude_each_other_are_refused_on_the_driver_and_on_a_replica(tmp_path):
-    from bart_opt.options import OptionConflict
+    from bart_opt.engine.options import OptionConflict
 
     with pytest.raises(OptionConflict, match="quantize and device exclude each other: int8 runs on a CPU only"):
         ReplicaPool(EngineOptions(model="m", quantize="int8"), ClusterOptions(gpus_per_replica=1))  # before Ray starts

@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from bart_opt import native
+from bart_opt.engine import native
 from tests.app.helpers import samples, value
 from tests.docker.podman import Container, ContainerError, container_name, free_port, podman
 
@@ -97,7 +97,7 @@ def test_the_healthcheck_passes_and_fails_without_a_server(service, image):
 def test_the_fast_mode_toolchain_works_in_the_image(service, steps):
     if native.kernel_isa() is not None:  # the container shares this CPU: the kernel is built for it, as bartopt
         with steps.timed("fast-mode kernel build in the container"):
-            built = service.current.exec("python", "-c", "import sys; from bart_opt import native; "
+            built = service.current.exec("python", "-c", "import sys; from bart_opt.engine import native; "
                                          "sys.exit(native.kernel() is None)", timeout=600)  # fmt: skip
         assert built.returncode == 0, built.stdout
     else:  # neither AVX512-BF16 nor AVX2: torch's kernel on this CPU; what the build needs is still there for others

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from app.worker import State
-from bart_opt.rouge import DEFAULT_ROUGE_TYPES
+from app.device.worker import State
+from bart_opt.pipeline.rouge import DEFAULT_ROUGE_TYPES
 from tests.app.dashboard.live import wait_for_jobs
 from tests.app.helpers import FAST
 from tests.app.jobs.helpers import Stepper

@@ -8,10 +8,10 @@ import contextlib
 import io
 import json
 
-from bart_opt.baselines import lead_3
+from bart_opt.pipeline.baselines import lead_3
 from bart_opt.cli import main
-from bart_opt.data import load_records
-from bart_opt.rouge import DEFAULT_ROUGE_TYPES
+from bart_opt.pipeline.data import load_records
+from bart_opt.pipeline.rouge import DEFAULT_ROUGE_TYPES
 from tests.app.dashboard.live import wait_for_jobs
 from tests.app.helpers import FAST
 

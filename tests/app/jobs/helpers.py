@@ -13,7 +13,7 @@ import pytest
 from fastapi import FastAPI
 
 from app.main import create_app
-from app.engine import load_summarizer
+from app.device.engine import load_summarizer
 from app.settings import Settings
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import compute_metrics, iter_predictions

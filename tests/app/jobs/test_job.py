@@ -9,7 +9,7 @@ import pytest
 from app.jobs.job import Job
 from app.jobs.bodies import JobView
 from app.jobs.store import JobStore, NewJob
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 
 
 @pytest.fixture

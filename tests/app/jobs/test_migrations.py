@@ -16,7 +16,7 @@ import pytest
 from app.jobs.database import StoreError
 from app.jobs.migrations import HEAD, SchemaTooNew, legacy
 from app.jobs.store import DuplicateId, JobStore, NewJob, StoredRecord
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from tests.app.jobs.helpers import at_once, sql
 
 V4_FIXTURE = Path(__file__).parent / "fixtures" / "jobs-v4.db"  # made by the store of commit 9a82d87 (make_v4_db.py)

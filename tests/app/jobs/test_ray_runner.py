@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from app.jobs.store import JobStore
-from app.engine import load_summarizer
-from bart_opt.data import load_records
+from app.device.engine import load_summarizer
+from bart_opt.pipeline.data import load_records
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import cnn_rows, evaluate_directly, prediction_rows, wait_for_job
 

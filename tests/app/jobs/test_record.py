@@ -8,7 +8,7 @@ import json
 
 from app.jobs.store import JobStore, NewJob
 from bart_opt.cli import main
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from tests.app.helpers import serving
 from tests.app.jobs.helpers import Stepper, cnn_rows, sql, wait_for_job
 

@@ -19,9 +19,9 @@ import torch
 
 from app.jobs.store import JobStore
 from bart_opt.bench.service_load import ServerProcess
-from bart_opt.data import load_records
+from bart_opt.pipeline.data import load_records
 from bart_opt.evaluate import run_evaluation
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 from tests.app.helpers import samples
 from tests.app.jobs.helpers import cnn_rows, poll_server, sql
 

@@ -11,8 +11,8 @@ import time
 from sqlalchemy import text
 
 from app.jobs.store import JobStore, NewJob
-from app.engine import load_summarizer
-from bart_opt.data import Record, load_records
+from app.device.engine import load_summarizer
+from bart_opt.pipeline.data import Record, load_records
 from bart_opt.demo import build_checkpoint
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import Stepper, cnn_rows, evaluate_directly, prediction_rows, wait_for_job

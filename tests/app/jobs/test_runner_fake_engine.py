@@ -16,11 +16,11 @@ import torch
 from app.jobs.ports import JobEngine
 from app.jobs.runner import JobRunner, RunnerConfig
 from app.jobs.store import JobStore, NewJob
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate.core import Pending, RunControl, Source
 from bart_opt.evaluate.rows import FAILED, MODEL, RowBatch, prediction_row, refused_row
-from bart_opt.rouge import RougeScorer, RougeSettings
-from bart_opt.spec import GenerationSpec
+from bart_opt.pipeline.rouge import RougeScorer, RougeSettings
+from bart_opt.engine.spec import GenerationSpec
 
 SPEC = GenerationSpec(num_beams=1, max_length=8, min_length=1, length_penalty=1.0, no_repeat_ngram_size=0,
                       early_stopping=False, forced_bos_token_id=None, forced_eos_token_id=None,
@@ -198,7 +198,8 @@ def test_a_fake_engine_that_always_raises_fails_the_job_with_the_first_reasons(r
 
 
 def test_the_jobs_package_loads_no_concrete_engine_worker_metrics_settings_or_http():
-    concrete = ("app.engine", "app.worker", "app.metrics", "app.settings", "app.errors", "fastapi", "starlette")
+    concrete = ("app.device.engine", "app.device.worker", "app.metrics", "app.settings", "app.errors", "fastapi",
+                "starlette")
     code = ("import sys, app.jobs, app.jobs.config, app.jobs.runner, app.jobs.service; "
             f"print([name for name in {concrete!r} if name in sys.modules])")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False,
@@ -208,7 +209,7 @@ def test_the_jobs_package_loads_no_concrete_engine_worker_metrics_settings_or_ht
 
 
 def test_the_service_engine_and_the_fake_have_everything_the_interface_names():
-    from app.engine import Engine
+    from app.device.engine import Engine
 
     named = {name for name in vars(JobEngine) if not name.startswith("_")}
     assert named == {"name", "fingerprint", "state", "wait_ready", "check_ready", "request_spec", "executor"}

@@ -6,7 +6,7 @@ import pytest
 
 from app.jobs.storage import Interrupted, StoreSink, StoreSource
 from app.jobs.store import JobStore, NewJob, StoredRecord
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate.rows import FAILED, MODEL, REFUSED, RowBatch, refused_row
 
 OWNER = "host:1:a"

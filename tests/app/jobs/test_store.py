@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from app.jobs.store import MAX_STALLED_RUNS, BatchWrite, DuplicateId, JobStore, NewJob, StoreConflict, StoredRecord
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from tests.app.jobs.helpers import sql
 
 RECORDS = [Record(f"id-{i}", f"text {i}", f"reference {i}") for i in range(5)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from bart_opt.data import load_records
+from bart_opt.pipeline.data import load_records
 from bart_opt.evaluate import dataset_fingerprint
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import cnn_rows, wait_for_job

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bart_opt.compare import Run, compare_runs
-from bart_opt.data import load_records
+from bart_opt.pipeline.data import load_records
 from tests.app.helpers import FAST, serving
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
     Stepper,

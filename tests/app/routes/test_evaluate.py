@@ -12,9 +12,9 @@ from app.jobs.bodies import EvaluateRequest
 from app.jobs.database import StoreError
 from app.jobs.service import _hash
 from app.jobs.store import NewJob
-from app.worker import Kind
+from app.device.worker import Kind
 from bart_opt.evaluate import score_baselines
-from bart_opt.data import iter_records, load_records
+from bart_opt.pipeline.data import iter_records, load_records
 from bart_opt.scoring.registry import MetricSettings, build_metrics, intervals
 from tests.app.helpers import FAST, articles, serving
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures

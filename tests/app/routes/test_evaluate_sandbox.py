@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from bart_opt.data import iter_records
+from bart_opt.pipeline.data import iter_records
 from tests.app.helpers import FAST, articles, async_serving, serving, until
 from tests.app.jobs.helpers import (  # noqa: F401 - fixtures
     cnn_rows,

@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from app.jobs.database import PoolLimits
-from bart_opt import Bart, hardware
+from bart_opt import Bart
+from bart_opt.engine import hardware
 
 from tests.app.helpers import FAST, Gate, async_serving, serving, until
 from tests.app.jobs.helpers import data_dir, make_jobs_app  # noqa: F401 - fixtures
@@ -119,7 +120,7 @@ def test_a_dead_worker_fails_waiting_requests_at_once_and_turns_health_and_ready
 
     with caplog.at_level(logging.ERROR, logger="app"):
         first, waiting, later, ready, health = asyncio.run(scenario())
-    worker_errors = [r for r in caplog.records if r.name == "app.worker"]
+    worker_errors = [r for r in caplog.records if r.name == "app.device.worker"]
     assert first.status_code == 200  # its batch was done before the scheduler broke
     for response in (waiting, later, ready, health):
         assert response.status_code == 503, response.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from app.engine import load_summarizer
+from app.device.engine import load_summarizer
 from tests.app.helpers import FAST, articles, samples, serving, value
 
 

@@ -1,9 +1,9 @@
-"""``GET /options``: the generation options the service takes, from the one list in bart_opt.spec."""
+"""``GET /options``: the generation options the service takes, from the one list in bart_opt.engine.spec."""
 
 from __future__ import annotations
 
 from app.schemas import GenerationOptions
-from bart_opt.spec import REQUEST_OPTIONS
+from bart_opt.engine.spec import REQUEST_OPTIONS
 
 
 def test_options_list_the_spec_options_in_order_with_their_kinds(client):

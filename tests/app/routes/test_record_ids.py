@@ -1,6 +1,6 @@
 """Record ids are kept as given on every path into a job (inline records, JSONL, CSV), and the CLI's.
 
-The rule is `bart_opt.data.check_id`'s: a source has ids for every record (each kept exactly,
+The rule is `bart_opt.pipeline.data.check_id`'s: a source has ids for every record (each kept exactly,
 refused with its row when empty, white-space-padded, ``.`` or ``..``) or for none (then every id
 is its row number). A job's examples are then found by the ids the client gave.
 """
@@ -94,7 +94,7 @@ def test_a_source_without_ids_is_numbered_and_given_ids_are_kept_exactly(make_jo
 
 
 def refused_rows(ids: list[str]) -> dict[int, str]:
-    """The oracle: every rule the service applies to a client's ids (`bart_opt.data.check_id`, then the job
+    """The oracle: every rule the service applies to a client's ids (`bart_opt.pipeline.data.check_id`, then the job
     intake's `app.jobs.intake.Intake.check`), as {row: the words of its refusal}. Ids are strings here, so
     the type rules cannot apply; the strategy draws valid Unicode, so the surrogate rule cannot either."""
     refused = {}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.engine import load_summarizer
+from app.device.engine import load_summarizer
 from app.settings import Settings, get_settings
 from tests.app.helpers import FAST, Gate, articles, async_serving, samples, serving, until, value
 

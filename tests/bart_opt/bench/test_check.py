@@ -6,7 +6,8 @@ import json
 
 import torch
 
-from bart_opt import extras, hardware
+from bart_opt import extras
+from bart_opt.engine import hardware
 from bart_opt.bench import check
 from bart_opt.cli import main
 

@@ -7,7 +7,7 @@ import json
 import torch
 
 from bart_opt.bench import dispatch
-from bart_opt.static_generation import CHECK_EVERY
+from bart_opt.engine.static_generation import CHECK_EVERY
 
 
 def test_tiny_dispatch_bench_counts_ops_and_syncs_per_mode(tmp_path, capsys):

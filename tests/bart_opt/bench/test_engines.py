@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bart_opt.spec import GenerationSpec
+from bart_opt.engine.spec import GenerationSpec
 from bart_opt.bench.engines import (
     EngineSpec,
     TorchEngine,

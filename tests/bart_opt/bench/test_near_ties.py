@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import bart_opt.generation as generation
+import bart_opt.engine.generation as generation
 from bart_opt import Bart
 from bart_opt.bench.near_ties import BeamTrace, check_greedy, token_bound
 from tests.bart_opt.agreement import generate_agreeing, rows, sources

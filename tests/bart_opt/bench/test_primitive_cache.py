@@ -19,7 +19,7 @@ def test_the_table_shows_each_run_its_growth_and_the_best_runs_ratio():
 
 def test_a_small_run_writes_the_same_summaries_at_both_capacities(make_checkpoint, capsys):
     """The bound changes which primitives are kept, never what they compute (the memory itself:
-    tests/bart_opt/test_kernels.py)."""
+    tests/bart_opt/engine/test_kernels.py)."""
     assert primitive_cache.main(["--model", make_checkpoint(), "--docs", "12", "--batch", "4", "--repeats", "1"]) == 0
     printed = capsys.readouterr().out
     assert printed.startswith("CPU: ") and "the same summaries in every run: yes" in printed

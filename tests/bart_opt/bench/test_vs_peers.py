@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bart_opt import hardware
+from bart_opt.engine import hardware
 from bart_opt.bench import vs_peers, vs_transformers as bench
 from bart_opt.bench.engines import EngineSpec
 from bart_opt.bench.isa import UNKNOWN

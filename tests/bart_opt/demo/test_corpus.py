@@ -8,7 +8,7 @@ import re
 import pytest
 
 from bart_opt.demo.corpus import stories, write_sample_records
-from bart_opt.rouge import split_sentences
+from bart_opt.pipeline.rouge import split_sentences
 
 
 def words(text: str) -> list[str]:

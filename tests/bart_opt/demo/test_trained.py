@@ -11,10 +11,10 @@ import torch
 from transformers import AutoTokenizer, BartForConditionalGeneration
 
 from bart_opt import Bart
-from bart_opt.data import load_records
+from bart_opt.pipeline.data import load_records
 from bart_opt.demo import write_demo_model
 from bart_opt.demo.trained import MODEL_FILES
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 
 ROUGE_TARGET = 30.0  # ROUGE-1 F1 on the held-out sample (issue 15)
 KNOWN_MISCOPIES = {"sample-0-00001": ["vic"], "sample-0-00002": ["21", "79"], "sample-0-00016": ["13"]}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import random
 
-from bart_opt.data import Record
+from bart_opt.pipeline.data import Record
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate.rows import RowBatch
-from bart_opt.options import EngineOptions
-from bart_opt.summarizer import Summarizer
+from bart_opt.engine.options import EngineOptions
+from bart_opt.pipeline.summarizer import Summarizer
 
 MARK = "Zyxwvutsrqpon"  # a word no generated article holds
 

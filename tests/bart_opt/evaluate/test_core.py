@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from bart_opt.baselines import lead_3
-from bart_opt.data import Record
+from bart_opt.pipeline.baselines import lead_3
+from bart_opt.pipeline.data import Record
 from bart_opt.evaluate import (
     FailureStreak, ListSource, RowBatch, RunControl, SummarizerExecutor, evaluate_records, metrics_from_rows,
     score_baselines,
 )
 from bart_opt.evaluate.core import Pending, SeenIds, screened
 from bart_opt.evaluate.rows import FAILED, MODEL, REFUSED
-from bart_opt.options import EngineOptions
+from bart_opt.engine.options import EngineOptions
 from tests.bart_opt.evaluate.poison import MARK, MemorySink, hostile_records, load_poisoned
 
 GEN = {"num_beams": 2, "max_length": 12, "min_length": 3}

@@ -14,7 +14,7 @@ import pytest
 
 from bart_opt.cli import main
 from bart_opt.demo import random_article, random_sentence
-from bart_opt.rouge import RougeScorer
+from bart_opt.pipeline.rouge import RougeScorer
 
 GEN = ["--max-length", "12", "--min-length", "3", "--num-beams", "1"]
 

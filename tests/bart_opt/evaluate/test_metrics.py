@@ -9,17 +9,17 @@ import random
 
 import pytest
 
-from bart_opt.data import load_records
+from bart_opt.pipeline.data import load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import run_baseline_evaluation, run_evaluation, run_scoring
 from bart_opt.evaluate.metrics import RowTotals
 from bart_opt.evaluate.record import ResumeRefused
-from bart_opt.rouge import RougeScorer, RougeSettings
+from bart_opt.pipeline.rouge import RougeScorer, RougeSettings
 from bart_opt.scoring.base import Example, aggregate
 from bart_opt.scoring.extractive import SOURCE_SCORES, ExtractiveMetric
 from bart_opt.scoring.length import LengthMetric
 from bart_opt.scoring.registry import MetricSettings
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 
 GEN = {"max_length": 14, "min_length": 3}
 

@@ -123,9 +123,9 @@ def test_a_second_run_on_a_folder_in_use_fails_at_once_naming_the_first(tmp_path
 
 def test_the_lock_is_held_for_the_whole_run(tmp_path, data, demo_checkpoint):
     from bart_opt.evaluate import run_evaluation
-    from bart_opt.data import load_records
+    from bart_opt.pipeline.data import load_records
     from bart_opt.runlock import RunFolderBusy
-    from bart_opt.summarizer import Summarizer
+    from bart_opt.pipeline.summarizer import Summarizer
 
     out = tmp_path / "run"
     seen = []

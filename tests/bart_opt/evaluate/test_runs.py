@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bart_opt import InvalidRequest
-from bart_opt.data import Record, load_records
+from bart_opt.pipeline.data import Record, load_records
 from bart_opt.demo import random_article, random_sentence
 from bart_opt.evaluate import (
     JsonlPredictionStore,
@@ -22,7 +22,7 @@ from bart_opt.evaluate import (
     run_evaluation,
 )
 from bart_opt.evaluate.rows import refused_row
-from bart_opt.summarizer import Summarizer
+from bart_opt.pipeline.summarizer import Summarizer
 
 GEN = {"max_length": 14, "min_length": 3}
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from bart_opt.baselines import lead_3
+from bart_opt.pipeline.baselines import lead_3
 from bart_opt.demo.corpus import stories
-from bart_opt.memory import format_bytes, peak_rss_bytes, reset_peak_rss
-from bart_opt.rouge_text import split_sentences
+from bart_opt.engine.memory import format_bytes, peak_rss_bytes, reset_peak_rss
+from bart_opt.pipeline.rouge_text import split_sentences
 from bart_opt.scoring.base import Example
 from bart_opt.scoring.bertscore import BertScoreMetric
 from bart_opt.scoring.consistency import ConsistencyMetric

@@ -8,7 +8,7 @@ import bert_score
 import pytest
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.fingerprint import fingerprint
+from bart_opt.engine.fingerprint import fingerprint
 from bart_opt.scoring.base import Example, aggregate
 from bart_opt.scoring.bertscore import BertScoreMetric
 from tests.bart_opt.scoring.tiny import bert_folder

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.rouge_text import split_sentences
+from bart_opt.pipeline.rouge_text import split_sentences
 from bart_opt.scoring.base import Example
 from bart_opt.scoring.consistency import ConsistencyMetric, summac_zs
 from tests.bart_opt.scoring.tiny import bert_folder

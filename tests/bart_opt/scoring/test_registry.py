@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from bart_opt.errors import InvalidRequest
-from bart_opt.rouge import RougeSettings
+from bart_opt.pipeline.rouge import RougeSettings
 from bart_opt.scoring import extractive
 from bart_opt.scoring.registry import (
     DEFAULT, NAMES, SOURCE_SCORES, MetricSettings, build_metrics, intervals, metric_names, parse_metrics, row_scores,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from bart_opt.demo import random_article, random_sentence
-from bart_opt.rouge import RougeScorer, RougeSettings
+from bart_opt.pipeline.rouge import RougeScorer, RougeSettings
 from bart_opt.scoring.base import Example
 from bart_opt.scoring.rouge import RougeMetric, flat, nested
 

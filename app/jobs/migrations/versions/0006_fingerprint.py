@@ -1,6 +1,6 @@
 """Schema 6: every job records the fingerprint of the checkpoint it runs on.
 
-``jobs.fingerprint`` is `bart_opt.fingerprint`'s content digest of the model the job was
+``jobs.fingerprint`` is `bart_opt.engine.fingerprint`'s content digest of the model the job was
 submitted to (weights, config, generation config, tokenizer files). A job resumes only on a
 model with the same fingerprint; otherwise it fails naming both. Jobs made before this
 version have none (NULL): they resume on whatever model serves them only if nothing has been

@@ -6,7 +6,7 @@
   (`bart_opt.evaluate.record.engine_record`, `engine_key`); a replica claims only jobs whose
   ``engine_key`` is its own (or external ones), and fails one that waited `job_engine_wait_s` for a
   replica with its engine, naming both;
-- ``rouge_settings`` (JSON): the job's `bart_opt.rouge.RougeSettings`;
+- ``rouge_settings`` (JSON): the job's `bart_opt.pipeline.rouge.RougeSettings`;
 - ``record`` (JSON): the versions, the processor, the start and the signature of the run record;
 - ``waiting_since``: when the job last became claimable (sealed, or handed back), for that wait.
 

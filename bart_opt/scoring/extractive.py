@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bart_opt.scoring.base import Example
-from bart_opt.scoring.length import VERSION, word_tokenizer
+from bart_opt.scoring.length import VERSION, WordMetric
 
 NGRAMS = (1, 2, 3, 4)
 SOURCE_SCORES = ("compression", "coverage", "density", *(f"novel_{n}" for n in NGRAMS))  # need the source
@@ -93,16 +93,10 @@ def repeated_trigrams(summary: Sequence[str]) -> float:
     return sum(count - 1 for count in Counter(trigrams).values()) / len(trigrams)
 
 
-class ExtractiveMetric:
+class ExtractiveMetric(WordMetric):
     """Compression, Grusky coverage and density, novel n-grams and repeated trigrams (see the module docstring)."""
 
     name = "extractive"
-    needs_model = False
-
-    def __init__(self, tokenizer: str = "unicode", lang: str = "en"):
-        self.tokenizer_name = tokenizer
-        self.lang = lang
-        self._tokenizer = word_tokenizer(tokenizer, lang)
 
     def signature(self) -> dict[str, Any]:
         return {"tokenizer": self.tokenizer_name, "lang": self.lang, "fragments": "grusky2018-greedy",

@@ -34,16 +34,21 @@ def word_tokenizer(name: str = "unicode", lang: str = "en"):
     return make_tokenizer(name, lang, use_stemmer=False)
 
 
-class LengthMetric:
-    """Summary length: ``tokens`` (words, see the module docstring) and ``sentences``."""
+class WordMetric:
+    """What the cheap metrics share: no model, and the words of `word_tokenizer` in `lang`."""
 
-    name = "length"
     needs_model = False
 
     def __init__(self, tokenizer: str = "unicode", lang: str = "en"):
         self.tokenizer_name = tokenizer
         self.lang = lang
         self._tokenizer = word_tokenizer(tokenizer, lang)
+
+
+class LengthMetric(WordMetric):
+    """Summary length: ``tokens`` (words, see the module docstring) and ``sentences``."""
+
+    name = "length"
 
     def signature(self) -> dict[str, Any]:
         return {"tokenizer": self.tokenizer_name, "lang": self.lang, "splitter": splitter_name(self.lang),
@@ -54,4 +59,4 @@ class LengthMetric:
                  "sentences": float(len(split_sentences(e.prediction, self.lang)))} for e in examples]
 
 
-__all__ = ["VERSION", "WORD_TOKENIZERS", "LengthMetric", "word_tokenizer"]
+__all__ = ["VERSION", "WORD_TOKENIZERS", "LengthMetric", "WordMetric", "word_tokenizer"]
